@@ -1,0 +1,60 @@
+"""Tiny Qwen2 / Qwen3 models built from a config, for tests and the toy world.
+
+They are real `Qwen2ForCausalLM` / `Qwen3ForCausalLM` modules (same attention, rotary
+embeddings, RMSNorm, GQA) with a few thousand to a few million parameters, randomly
+initialised with a seed. Nothing here downloads anything. Not covered: Qwen's sliding-window
+or MoE variants.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+from . import NanoparError
+
+
+def tiny_qwen_config(
+    arch: str = "qwen3",  # "qwen2" (q/k/v bias) or "qwen3" (q/k norm, explicit head_dim)
+    vocab_size: int = 512,  # rows of the embedding / lm head
+    hidden_size: int = 64,  # model width
+    num_layers: int = 2,  # decoder layers
+    num_heads: int = 4,  # query heads
+    num_kv_heads: int = 2,  # key/value heads (GQA when < num_heads)
+    intermediate_size: int | None = None,  # MLP width; 4 * hidden when None
+    max_positions: int = 4096,  # rotary table length
+    tie_word_embeddings: bool = True,  # as in Qwen2.5-0.5B / Qwen3-0.6B
+    attn_implementation: str = "sdpa",  # "sdpa" or "eager"
+):
+    """A config for a tiny Qwen-architecture model."""
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    if arch == "qwen2":
+        config = Qwen2Config(**common)
+    elif arch == "qwen3":
+        config = Qwen3Config(head_dim=hidden_size // num_heads, **common)
+    else:
+        raise NanoparError(f"unknown tiny architecture {arch!r}: use 'qwen2' or 'qwen3'")
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def tiny_qwen_model(seed: int = 0, dtype: torch.dtype = torch.float32, **config_kwargs):
+    """A randomly initialised tiny Qwen model (eval mode), reproducible from `seed`."""
+    config = tiny_qwen_config(**config_kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=dtype, attn_implementation=config._attn_implementation
+    )
+    return model.eval()
