@@ -12,6 +12,8 @@ This file does not add tokens to a tokenizer; `model.add_tag_tokens` does.
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass, fields
 
 from . import NanoparError
@@ -66,3 +68,20 @@ class TagIds:
                 )
             ids[f.name] = encoded[0]
         return cls(**ids)
+
+
+def find_tags(text: str, schema: TagSchema = PARALLEL_R1) -> list[tuple[int, int, str]]:
+    """Every tag in `text`, in order, as (start, end, field name).
+
+    >>> find_tags("a<Path>b</Path>")
+    [(1, 7, 'path_open'), (8, 15, 'path_close')]
+    """
+    pattern, by_text = _tag_pattern(schema)
+    return [(m.start(), m.end(), by_text[m.group()]) for m in pattern.finditer(text)]
+
+
+@functools.cache
+def _tag_pattern(schema: TagSchema) -> tuple[re.Pattern, dict[str, str]]:
+    by_text = {getattr(schema, f.name): f.name for f in fields(schema)}
+    longest_first = sorted(by_text, key=len, reverse=True)  # so no tag matches inside a longer one
+    return re.compile("|".join(map(re.escape, longest_first))), by_text

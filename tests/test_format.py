@@ -1,0 +1,165 @@
+"""Algorithm 1 (format.py), the lenient reading and the statistics (trace.py)."""
+
+import random
+
+import pytest
+
+from nanopar.format import check_format
+from nanopar.tags import PARALLEL_R1, TagIds, TagSchema, find_tags
+from nanopar.trace import parse_ids, parse_trace, trace_stats
+
+BLOCK = "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s</Summary>"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no tags at all. Final Answer: 3",
+        "x " + BLOCK + " y",
+        BLOCK + BLOCK,
+        "<Parallel>\n<Path>\n1</Path>\n<Path>2</Path>\n<Path>3</Path>\n</Parallel>\n<Summary>ok</Summary>",
+        "a\n<Parallel>pre<Path>a</Path>gap<Path>b</Path>post</Parallel>text<Summary>s</Summary>",
+    ],
+)
+def test_valid_traces(text):
+    assert check_format(text).ok and check_format(text).reason == ""
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        # rule 1: a closing tag must match the top of the stack
+        ("<Parallel><Path>a</Parallel></Path>", "</Parallel> closes <Path>"),
+        ("a</Path>", "</Path> closes nothing"),
+        ("<Summary>s</Path>", "</Path> closes <Summary>"),
+        # rule 2: at least two paths per block
+        ("<Parallel><Path>a</Path></Parallel><Summary>s</Summary>", "a <Parallel> block holds 1 <Path>; at least 2 are needed"),
+        ("<Parallel></Parallel><Summary>s</Summary>", "a <Parallel> block holds 0 <Path>; at least 2 are needed"),
+        ("<Parallel><Path>a<Path>b</Path></Path></Parallel><Summary>s</Summary>", "a <Parallel> block holds 1 <Path>; at least 2 are needed"),
+        # rule 3: <Summary> is the next tag after </Parallel>
+        ("<Parallel><Path>a</Path><Path>b</Path></Parallel>", "</Parallel> is not followed by <Summary>"),
+        ("<Parallel><Path>a</Path><Path>b</Path></Parallel><Parallel>", "<Parallel> follows </Parallel>; expected <Summary>"),
+        # rule 4: the stack is empty at the end
+        ("<Parallel><Path>a</Path><Path>b</Path>", "<Parallel> is never closed"),
+        (BLOCK + "<Summary>more", "<Summary> is never closed"),
+        # rule 5: as many <Summary> as </Parallel>
+        ("<Summary>s</Summary>", "1 <Summary> for 0 </Parallel>"),
+        (BLOCK + "<Summary>again</Summary>", "2 <Summary> for 1 </Parallel>"),
+    ],
+)
+def test_invalid_traces_name_the_broken_rule(text, reason):
+    result = check_format(text)
+    assert not result.ok and result.reason == reason
+
+
+def test_another_schema_plugs_in():
+    schema = TagSchema("<P>", "</P>", "<T>", "</T>", "<S>", "</S>")
+    assert check_format("<P><T>a</T><T>b</T></P><S>c</S>", schema).ok
+    assert not check_format("<P><T>a</T></P><S>c</S>", schema).ok
+    assert check_format("<Parallel>", schema).ok  # Parallel-R1 tags are plain text here
+
+
+def test_parse_reads_blocks_paths_summaries_and_main():
+    text = "ab<Parallel>p<Path>x</Path>\n<Path>yy</Path></Parallel>\n<Summary>s</Summary>end"
+    trace = parse_trace(text)
+    (block,) = trace.blocks
+    assert text[block.open :].startswith("<Parallel>") and block.valid and trace.error is None
+    assert [text[p.start : p.end] for p in block.paths] == ["<Path>x</Path>\n", "<Path>yy</Path>"]
+    assert text[block.summary.start : block.summary.end] == "<Summary>s</Summary>"
+    assert [text[m.start : m.end] for m in trace.main] == ["ab", "\n", "end"]
+
+
+def test_parse_records_stray_tags_and_truncation():
+    text = "</Path>a<Parallel><Path>x<Parallel>y"
+    trace = parse_trace(text)
+    assert trace.stray == [0, text.index("<Parallel>y")]  # blocks never nest
+    assert trace.truncated and trace.blocks[0].paths[0].end == len(text)
+    assert not trace.blocks[0].valid and trace.error.startswith("2 stray tag(s)")
+    missing_summary = parse_trace(BLOCK.replace("<Summary>s</Summary>", "") + "then <Summary>late</Summary>")
+    assert missing_summary.blocks[0].summary is not None  # text may sit between </Parallel> and <Summary>
+    no_summary = parse_trace(BLOCK.replace("<Summary>s</Summary>", "") + "<Path>")
+    assert no_summary.blocks[0].summary is None and not no_summary.blocks[0].valid and len(no_summary.stray) == 1
+
+
+def test_stats_position_and_critical_path():
+    # main 10 tokens, block at offset 10: paths of 4 and 7 tokens, summary 3, main 6: length 10+1+4+7+1+3+6
+    ids = [1] * 10 + [100] + [102, 1, 1, 103] + [102] + [1] * 5 + [103] + [101] + [104, 1, 105] + [1] * 6
+    stats = trace_stats(parse_ids(ids, TAG_IDS))
+    assert stats.length == 32 and stats.blocks == 1 and stats.valid_blocks == 1 and stats.has_parallel
+    assert stats.paths_per_block == [2] and stats.relative_positions == [10 / 32]
+    assert stats.critical_path == 32 - 4 and stats.acceleration == pytest.approx(32 / 28)
+    plain = trace_stats(parse_trace("no parallel here"))
+    assert plain.blocks == 0 and not plain.has_parallel and plain.critical_path == plain.length
+
+
+TAG_IDS = TagIds(100, 101, 102, 103, 104, 105)
+TAGS = PARALLEL_R1.all()
+
+
+def random_valid_trace(rng):
+    """A random single-level valid trace and the path lengths (in tokens) of its blocks."""
+    pieces, expected = [], []
+    for _ in range(rng.randint(0, 3)):
+        pieces += ["w"] * rng.randint(0, 3) + ["<Parallel>"] + ["w"] * rng.randint(0, 1)
+        lengths = []
+        for _ in range(rng.randint(2, 4)):
+            body = ["w"] * rng.randint(0, 4)
+            gap = ["w"] * rng.randint(0, 1)
+            pieces += ["<Path>", *body, "</Path>", *gap]
+            lengths.append(len(body) + 2 + len(gap))
+        pieces += ["</Parallel>"] + ["w"] * rng.randint(0, 1) + ["<Summary>", "w", "</Summary>"]
+        expected.append(lengths)
+    return pieces + ["w"] * rng.randint(0, 3), expected
+
+
+def as_ids(pieces):
+    by_tag = dict(zip(TAGS, TAG_IDS.all()))
+    return [by_tag.get(p, 7) for p in pieces]
+
+
+def test_valid_traces_are_read_exactly_and_any_deleted_tag_breaks_them():
+    rng = random.Random(0)
+    for _ in range(1000):
+        pieces, expected = random_valid_trace(rng)
+        assert check_format("".join(pieces)).ok
+        trace = parse_ids(as_ids(pieces), TAG_IDS)
+        assert trace.error is None and all(b.valid for b in trace.blocks)
+        assert [[len(p) for p in b.paths] for b in trace.blocks] == expected
+        tag_at = [i for i, p in enumerate(pieces) if p in TAGS]
+        if tag_at:
+            drop = rng.choice(tag_at)
+            assert not check_format("".join(pieces[:drop] + pieces[drop + 1 :])).ok
+
+
+def test_tag_soup_never_raises_and_text_and_ids_agree():
+    rng = random.Random(1)
+    for _ in range(3000):
+        pieces = [rng.choice(TAGS + ("w", "w\n")) for _ in range(rng.randint(0, 40))]
+        text = "".join(pieces)
+        check_format(text)  # must not raise
+        by_ids = parse_ids(as_ids(pieces), TAG_IDS)
+        by_text = parse_trace(text)
+        # token index -> character offset: both readings must describe the same structure
+        offset = [0]
+        for p in pieces:
+            offset.append(offset[-1] + len(p))
+        assert [offset[s] for s in by_ids.stray] == by_text.stray
+        assert by_ids.truncated == by_text.truncated and len(by_ids.blocks) == len(by_text.blocks)
+        for a, b in zip(by_ids.blocks, by_text.blocks):
+            assert offset[a.open] == b.open and a.valid == b.valid
+            assert [(offset[p.start], offset[p.end]) for p in a.paths] == [(p.start, p.end) for p in b.paths]
+        # every tag is read either as structure or as stray text
+        structural = sum(
+            1 + len(b.paths) + b.closed_paths + (b.close is not None) + (b.summary is not None) + b.summary_closed
+            for b in by_ids.blocks
+        )
+        assert structural + len(by_ids.stray) == sum(p in TAGS for p in pieces)
+        stats = trace_stats(by_ids)
+        assert 0 < stats.critical_path <= stats.length or stats.length == 0
+        assert all(0 <= r < 1 for r in stats.relative_positions)
+
+
+def test_find_tags_prefers_whole_tags():
+    assert [name for _, _, name in find_tags("<Path></Path><Parallel></Parallel>")] == [
+        "path_open", "path_close", "parallel_open", "parallel_close"
+    ]
