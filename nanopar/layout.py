@@ -41,26 +41,29 @@ class Layout:
     position_ids: torch.Tensor  # [B, T] long; pads are 0
 
 
-def structured_roles(ids: list[int], tag_ids: TagIds) -> tuple[list[int], list[int], list[int]]:
+def structured_roles(
+    ids: list[int], tag_ids: TagIds, prompt_length: int = 0
+) -> tuple[list[int], list[int], list[int]]:
     """Per token of one (unpadded) sequence: its position, its path number, its block number.
 
+    The first `prompt_length` tokens are read as plain text (a prompt may quote the tags).
     Path and block numbers are -1 outside any path; path numbers count over the whole sequence.
     """
-    trace = parse_ids(ids, tag_ids)
+    trace = parse_ids(ids[prompt_length:], tag_ids)
     n = len(ids)
     positions, path_of, block_of = [0] * n, [-1] * n, [-1] * n
     cursor = position = path_number = 0  # next unplaced token, its position, next path number
     for b, block in enumerate(trace.blocks):
         if not block.paths:
             continue
-        for i in range(cursor, block.paths[0].start):  # shared text up to the first <Path>
+        for i in range(cursor, prompt_length + block.paths[0].start):  # shared text up to <Path>
             positions[i], position = position, position + 1
         for path in block.paths:
-            for j, i in enumerate(range(path.start, path.end)):
+            for j, i in enumerate(range(prompt_length + path.start, prompt_length + path.end)):
                 positions[i], path_of[i], block_of[i] = position + j, path_number, b
             path_number += 1
         position += max(map(len, block.paths))
-        cursor = block.paths[-1].end
+        cursor = prompt_length + block.paths[-1].end
     for i in range(cursor, n):
         positions[i], position = position, position + 1
     return positions, path_of, block_of
@@ -71,6 +74,7 @@ def build_layout(
     tag_ids: TagIds,
     mode: str = "structured",
     attention_mask: torch.Tensor | None = None,  # [B, T] 1 = token, 0 = pad; None = no padding
+    prompt_lengths: list[int] | None = None,  # per row: leading real tokens read as plain text
     dtype: torch.dtype = torch.float32,  # the model's compute dtype (sets the blocked value)
 ) -> Layout:
     """The 4D mask and position ids for a batch of traces in `mode`."""
@@ -87,7 +91,8 @@ def build_layout(
     else:
         for row in range(B):
             where = real[row].nonzero().squeeze(-1).cpu()  # [n] the real tokens, in order
-            pos, path, block = structured_roles(input_ids[row, where].tolist(), tag_ids)
+            prompt_length = prompt_lengths[row] if prompt_lengths is not None else 0
+            pos, path, block = structured_roles(input_ids[row, where].tolist(), tag_ids, prompt_length)
             positions[row, where] = torch.tensor(pos, dtype=torch.long)
             path_of[row, where] = torch.tensor(path, dtype=torch.long)
             block_of[row, where] = torch.tensor(block, dtype=torch.long)

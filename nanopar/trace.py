@@ -123,8 +123,27 @@ def parse_ids(ids, tag_ids: TagIds) -> Trace:
     return _read([(i, i + 1, names[t]) for i, t in enumerate(ids) if t in names], len(ids))
 
 
+# The state machine: (state, tag) -> next state. A tag not listed for a state is stray.
+TRANSITIONS = {
+    ("main", "parallel_open"): "block",
+    ("block", "path_open"): "path",
+    ("path", "path_close"): "block",
+    ("block", "parallel_close"): "after",
+    ("after", "summary_open"): "summary",
+    ("summary", "summary_close"): "main",
+}
+
+
+def read_tag(state: str, name: str) -> tuple[str, bool]:
+    """One step of the reading: (next state, whether the tag is structural rather than stray)."""
+    if state == "after" and name != "summary_open":
+        state = "main"  # the block had no summary; the tag is read in the main chain
+    following = TRANSITIONS.get((state, name))
+    return (following, True) if following else (state, False)
+
+
 def _read(tags: list[tuple[int, int, str]], length: int) -> Trace:
-    """The state machine of the module docstring over (start, end, tag name) events."""
+    """Follow `read_tag` over (start, end, tag name) events and record the spans."""
     trace = Trace(length)
     state, main_from, block = "main", 0, None
 
@@ -133,32 +152,29 @@ def _read(tags: list[tuple[int, int, str]], length: int) -> Trace:
             block.paths[-1].end = at
 
     for start, end, name in tags:
-        if state == "after":  # right after </Parallel>: only <Summary> keeps us in the block
-            if name == "summary_open":
-                _add_main(trace, block.end, start)  # text between </Parallel> and <Summary>
-                block.summary, state = Span(start, -1), "summary"
-                continue
-            state, main_from = "main", block.end
-        if state == "main" and name == "parallel_open":
+        if state == "after" and name != "summary_open":
+            main_from = block.end
+        state, structural = read_tag(state, name)
+        if not structural:
+            trace.stray.append(start)
+        elif name == "parallel_open":
             _add_main(trace, main_from, start)
             block = Block(open=start)
             trace.blocks.append(block)
-            state = "block"
-        elif state == "block" and name == "path_open":
+        elif name == "path_open":
             end_path(start)
             block.paths.append(Span(start, -1))
-            state = "path"
-        elif state == "path" and name == "path_close":
+        elif name == "path_close":
             block.closed_paths += 1
-            state = "block"
-        elif state == "block" and name == "parallel_close":
+        elif name == "parallel_close":
             end_path(start)
-            block.close, block.end, state = start, end, "after"
-        elif state == "summary" and name == "summary_close":
+            block.close, block.end = start, end
+        elif name == "summary_open":
+            _add_main(trace, block.end, start)  # text between </Parallel> and <Summary>
+            block.summary = Span(start, -1)
+        else:  # summary_close
             block.summary.end, block.summary_closed = end, True
-            state, main_from = "main", end
-        else:
-            trace.stray.append(start)
+            main_from = end
     if state in ("block", "path"):
         end_path(length)
         trace.truncated = True

@@ -126,3 +126,17 @@ def test_causal_mode_equals_the_model_default(model):
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(Exception, match="unknown attention mode 'unseen'"):
         build_layout(torch.tensor([[1]]), TAGS, "unseen")
+
+
+def test_tags_quoted_in_the_prompt_are_plain_text():
+    # the prompt quotes a whole block; only the response's block is structure
+    prompt = [1, P, A, 2, A_, A, 3, A_, P_, 9]
+    response = [P, A, 4, A_, A, 5, 5, A_, P_, S, 6, S_]
+    ids = torch.tensor([prompt + response])
+    layout = build_layout(ids, TAGS, prompt_lengths=[len(prompt)])
+    n = len(prompt)
+    expected_positions = list(range(n + 1)) + [n + 1, n + 2, n + 3, n + 1, n + 2, n + 3, n + 4, n + 5, n + 6, n + 7, n + 8]
+    assert layout.position_ids[0].tolist() == expected_positions
+    seen = layout.attention_mask[0, 0] == 0
+    assert seen[:n, :n].equal(torch.tril(torch.ones(n, n, dtype=torch.bool)))  # prompt: plain causal
+    assert not seen[n + 4 :, n + 1 : n + 4][:4].any()  # the response's second path never sees the first
