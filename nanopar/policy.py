@@ -1,0 +1,51 @@
+"""The policy's next-token distribution, as both the sampler and the trainer read it.
+
+The policy is softmax(logits / temperature) over the *real* vocabulary: Qwen pads its embedding
+to 151,936 rows, more than its tokenizer has (151,665 + our tags), and those rows were never
+trained, so ids >= `vocab_size` are cut away everywhere. The sampler records these log-probs for
+the tokens it samples; the trainer recomputes them from a forward; on-policy they agree.
+
+Sampling may restrict the policy further (top-k, top-p, a structural ban such as no more
+`<Parallel>` once the block budget is spent). Those restrictions shape *which* token is drawn,
+not the recorded log-prob: GRPO compares the policy with itself, and the trainer cannot see them.
+Greedy decoding (temperature 0) records log-probs at temperature 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def policy_logprobs(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
+    """log softmax(logits / T) over the real vocabulary. [..., V] -> [..., vocab_size], float32."""
+    logits = logits[..., :vocab_size].float()
+    return torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, vocab_size: int | None):
+    """The policy log-prob of each token. logits [..., V], tokens [...] -> [...]."""
+    return policy_logprobs(logits, temperature, vocab_size).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def draw(
+    logprobs: torch.Tensor,  # [N, V] policy log-probs (temperature applied)
+    greedy: bool,
+    top_k: int = 0,  # keep the k most likely tokens (0 = all)
+    top_p: float = 1.0,  # keep the smallest set with this much probability (1.0 = all)
+    banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Draw one token per row. -> [N] long."""
+    scores = logprobs if banned is None else logprobs.masked_fill(banned, float("-inf"))
+    if greedy:
+        return scores.argmax(-1)
+    if 0 < top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]  # [N, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)  # [N, V]
+        mass_before = sorted_scores.softmax(-1).cumsum(-1) - sorted_scores.softmax(-1)
+        drop_sorted = mass_before >= top_p  # the first token is always kept
+        scores = scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    probs = scores.softmax(-1)  # [N, V]
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,397 @@
+"""The parallel-branch sampler: batched lanes over one KV cache, forked at <Parallel>, merged after.
+
+A *lane* is one sequence being decoded; every lane decodes in the same forward. A response starts
+as one main lane. The reading of `trace.read_tag` decides what each tag means, so the sampler and
+the trainer's layout can never disagree:
+
+  <Parallel> sampled in the main chain    the lane is fed <Parallel>, then *forked*: its cache
+                                          row is duplicated K times (no prefix recompute) and
+                                          each branch is forced to start with <Path>
+  </Path> sampled in a path               the branch is fed </Path>, then waits for its siblings
+  every path of the block done            *merge* into one lane, fed the inserted </Parallel>
+                                          then <Summary>; sampling resumes in the summary
+    structured mode (Unseen)              cache row = prefix ‖ path₁ ‖ … ‖ path_K as decoded (their
+                                          rotary positions already follow the multiverse scheme),
+                                          </Parallel> at start + longest path: zero recompute
+    causal mode (Seen)                    the path tokens are re-prefilled after the prefix in one
+                                          forward, with ordinary positions
+
+Rules for the rest (each counted in the stats, none raises):
+  - a tag that means nothing where it is sampled (</Path> in the main chain, <Parallel> inside a
+    path or a summary, <Summary> out of place) is plain text: it stays, it is sampled, no action;
+  - EOS in the main chain or a summary ends the response; EOS in a path ends the path (the EOS
+    stays, a </Path> is inserted);
+  - a path that reaches `max_path_tokens` gets an inserted </Path>;
+  - `max_new_tokens` counts sampled tokens over all branches of a response (NPR); when it is
+    spent the response ends, and a block in flight is written out with an inserted </Path>
+    closing each unfinished path (the trace then ends inside the block: truncated);
+  - once a response has `max_blocks` blocks, <Parallel> cannot be drawn in its main chain.
+Inserted tokens are marked as not sampled: GRPO never trains on them.
+
+Causal mode is slightly off-policy for path tokens: each path was decoded seeing only the prefix,
+but the causal re-read lets path 2 see path 1 (as in Parallel-R1's Seen variant).
+Not here: the prompt template (data), rewards, any gradient. K is fixed per call; the model does
+not choose how many paths to open.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import NanoparError
+from .kvcache import LaneCache, cache_from_pieces, join
+from .layout import MODES, build_layout
+from .policy import draw, policy_logprobs
+from .tags import TagIds
+from .trace import Trace, parse_ids, read_tag, trace_stats
+
+
+@dataclass
+class SamplerSettings:
+    mode: str = "structured"  # "structured" (Unseen: paths never see each other) or "causal" (Seen)
+    paths: int = 2  # K: paths opened by every <Parallel> (Parallel-R1 uses 2)
+    max_paths: int = 8  # upper bound accepted for `paths`
+    max_new_tokens: int = 512  # sampled tokens per response, counted over all its branches
+    max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn
+    max_path_tokens: int = 256  # sampled tokens per path; then </Path> is inserted
+    temperature: float = 1.0  # 0 = greedy (log-probs then recorded at temperature 1)
+    top_p: float = 1.0  # nucleus sampling; 1.0 = off
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    seed: int | None = None  # seeds this call's draws; None = torch's global generator
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise NanoparError(f"unknown sampler mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if not 2 <= self.paths <= self.max_paths:
+            raise NanoparError(f"paths per block must be between 2 and {self.max_paths}, got {self.paths}")
+        if min(self.max_new_tokens, self.max_path_tokens) < 1 or self.max_blocks < 0:
+            raise NanoparError("token budgets must be >= 1 and max_blocks >= 0")
+
+
+@dataclass
+class RolloutStats:
+    new_tokens: int  # response tokens, sampled and inserted
+    sampled_tokens: int  # tokens drawn from the policy (what max_new_tokens bounds)
+    forks: int  # parallel blocks opened
+    path_lengths: list[list[int]]  # tokens of each path of each block, as the sampler built them
+    critical_path: int  # response tokens on the longest route (paths of a block side by side)
+    stray_tags: int  # tags sampled where they mean nothing, kept as text
+    cut_paths: int  # paths closed by an inserted </Path> (length limit, EOS, budget)
+    wall_time: float  # seconds of the whole sampling call (shared by its responses)
+
+
+@dataclass
+class Rollout:
+    prompt_ids: list[int]  # the prompt, unpadded
+    ids: list[int]  # the response in trace order (paths of a block one after another)
+    sampled: list[bool]  # per response token: drawn from the policy (True) or inserted (False)
+    logprobs: list[float]  # per response token: policy log-prob (0.0 for inserted tokens)
+    trace: Trace  # parse_ids(ids): the structure the trainer's layout will read
+    finish: str  # "eos" or "length"
+    stats: RolloutStats
+
+
+@dataclass
+class _Tokens:
+    """A run of response tokens: the main chain, or one path while it is decoded."""
+
+    ids: list[int] = field(default_factory=list)
+    sampled: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def add(self, token: int, sampled: bool, logprob: float = 0.0) -> None:
+        self.ids.append(token)
+        self.sampled.append(sampled)
+        self.logprobs.append(logprob if sampled else 0.0)
+
+    def extend(self, other: "_Tokens") -> None:
+        self.ids += other.ids
+        self.sampled += other.sampled
+        self.logprobs += other.logprobs
+
+
+@dataclass
+class _Block:
+    """A block in flight: its paths' tokens, and the cache of each finished path."""
+
+    start: int  # rotary position of every path's <Path>
+    paths: list[_Tokens]
+    pieces: list = field(default_factory=list)  # per path: its cache piece once done (None before)
+    ends: list[int] = field(default_factory=list)  # per path: next position after it
+
+
+@dataclass
+class _Response:
+    prompt: list[int]
+    tokens: _Tokens = field(default_factory=_Tokens)
+    sampled: int = 0
+    forks: int = 0
+    stray: int = 0
+    cut: int = 0
+    path_lengths: list[list[int]] = field(default_factory=list)
+    block: _Block | None = None  # the block in flight
+    finish: str | None = None
+
+
+@dataclass
+class _Lane:
+    response: int  # index of the response it writes
+    state: str  # reading state (trace.read_tag): "main", "summary", "path", ...
+    position: int  # rotary position of `pending`
+    pending: int  # the token the next forward feeds
+    out: _Tokens  # where its tokens go: the response's tokens, or its path's
+    forced: list[int] = field(default_factory=list)  # tokens to insert before sampling resumes
+    then: str | None = None  # after `pending` is fed: "fork" or "end_path"
+    path: int = -1  # its index in the block (branches only)
+    path_sampled: int = 0  # sampled tokens in this path
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompts: list[list[int]],
+    settings: SamplerSettings,
+    tag_ids: TagIds | None,  # None: plain decoding, tags have no meaning
+    eos_ids: list[int],
+    vocab_size: int | None = None,  # len(tokenizer): ids >= it are never drawn
+    samples_per_prompt: int = 1,  # G: responses per prompt (prompt-major order)
+) -> list[Rollout]:
+    """Sample responses to `prompts` (lists of token ids) with parallel branches."""
+    settings.check()
+    if not prompts or min(map(len, prompts)) == 0:
+        raise NanoparError("sample() needs at least one prompt, and no empty prompt")
+    started = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    generator = None
+    if settings.seed is not None:
+        generator = torch.Generator(device=model.device).manual_seed(settings.seed)
+    dtype = model.get_input_embeddings().weight.dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    eos = set(eos_ids)
+    sampler = _Run(model, settings, tag_ids, eos, vocab_size, generator, dtype)
+    try:
+        rollouts = sampler.run(prompts, samples_per_prompt)
+    finally:
+        model.train(was_training)
+    wall = time.perf_counter() - started
+    for r in rollouts:
+        r.stats.wall_time = wall
+    return rollouts
+
+
+class _Run:
+    """One call of `sample`: the lanes, their cache, and the decode loop."""
+
+    def __init__(self, model, settings, tag_ids, eos, vocab_size, generator, dtype):
+        self.model, self.s, self.tags, self.eos = model, settings, tag_ids, eos
+        self.vocab_size, self.generator, self.dtype = vocab_size, generator, dtype
+        self.greedy = settings.temperature <= 0
+        self.tag_names = tag_ids.names() if tag_ids else {}  # token id -> tag field name
+
+    # --- the loop -------------------------------------------------------------------------
+    def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
+        logits, lanes = self.prefill(prompts, samples_per_prompt)
+        while lanes:
+            logprobs = policy_logprobs(logits, self.s.temperature, self.vocab_size)  # [N, V]
+            drawn = draw(
+                logprobs, self.greedy, self.s.top_k, self.s.top_p, self.banned(lanes, logprobs), self.generator
+            ).tolist()
+            chosen = logprobs.gather(-1, torch.tensor(drawn, device=logprobs.device)[:, None]).squeeze(-1).tolist()
+            keep, extra, next_lanes, extra_lanes = [], [], [], []
+            for row, lane in enumerate(lanes):
+                response = self.responses[lane.response]
+                if response.finish:  # ended earlier in this step (budget spent by a sibling)
+                    continue
+                if lane.then == "fork":
+                    branches = self.fork(lane, response)
+                    keep += [row] * len(branches)
+                    next_lanes += branches
+                elif lane.then == "end_path":
+                    merged = self.end_path(lane, row, response)
+                    if merged is not None:
+                        extra.append(merged[0])
+                        extra_lanes.append(merged[1])
+                elif self.advance(lane, response, drawn[row], chosen[row]):
+                    keep.append(row)
+                    next_lanes.append(lane)
+            alive = [i for i, lane in enumerate(next_lanes) if not self.responses[lane.response].finish]
+            keep = [keep[i] for i in alive]
+            next_lanes = [next_lanes[i] for i in alive]
+            alive_extra = [i for i, lane in enumerate(extra_lanes) if not self.responses[lane.response].finish]
+            extra, extra_lanes = [extra[i] for i in alive_extra], [extra_lanes[i] for i in alive_extra]
+            if keep != list(range(len(lanes))) or extra:
+                self.cache.rebuild(keep, extra)
+            lanes = next_lanes + extra_lanes
+            if lanes:
+                logits = self.forward(lanes)
+        return [self.finish(r) for r in self.responses]
+
+    def prefill(self, prompts, samples_per_prompt):
+        """Read every prompt once (left-padded, causal), then duplicate each row G times."""
+        device = self.model.device
+        T = max(map(len, prompts))
+        ids = torch.zeros(len(prompts), T, dtype=torch.long, device=device)
+        real = torch.zeros(len(prompts), T, dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            ids[row, T - len(prompt) :] = torch.tensor(prompt, device=device)
+            real[row, T - len(prompt) :] = 1
+        layout = build_layout(ids, self.tags, "causal", attention_mask=real, dtype=self.dtype)
+        out = self.model(
+            input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
+            use_cache=True, logits_to_keep=1,
+        )
+        self.cache = LaneCache(out.cache, [len(p) for p in prompts])
+        rows = [p for p in range(len(prompts)) for _ in range(samples_per_prompt)]
+        if samples_per_prompt > 1:
+            self.cache.rebuild(rows, [])
+        self.responses = [_Response(prompts[p]) for p in rows]
+        lanes = [
+            _Lane(response=i, state="main", position=len(prompts[p]), pending=-1, out=self.responses[i].tokens)
+            for i, p in enumerate(rows)
+        ]
+        return out.logits[rows, -1], lanes
+
+    def forward(self, lanes: list[_Lane]) -> torch.Tensor:
+        """Feed every lane its pending token. -> logits [N, V]"""
+        device = self.model.device
+        tokens = torch.tensor([[lane.pending] for lane in lanes], device=device)  # [N, 1]
+        positions = torch.tensor([[lane.position] for lane in lanes], device=device)  # [N, 1]
+        out = self.model(
+            input_ids=tokens, attention_mask=self.cache.step_mask(self.dtype), position_ids=positions,
+            cache=self.cache.cache, use_cache=True,
+        )
+        self.cache.appended()
+        for lane in lanes:
+            lane.position += 1
+        return out.logits[:, -1]
+
+    # --- one lane, one token ----------------------------------------------------------------
+    def advance(self, lane: _Lane, response: _Response, drawn: int, logprob: float) -> bool:
+        """Append the lane's next token (forced, or the drawn one) and act on it. False: lane ends."""
+        if lane.forced:
+            token, sampled = lane.forced.pop(0), False
+            response.cut += self.tags is not None and token == self.tags.path_close
+        else:
+            if response.sampled >= self.s.max_new_tokens:  # budget spent: the response ends here
+                response.finish = "length"
+                return False
+            token, sampled = drawn, True
+            response.sampled += 1
+            lane.path_sampled += lane.state == "path"
+        lane.out.add(token, sampled, logprob)
+        lane.pending = token
+        if token in self.eos and sampled:
+            if lane.state != "path":
+                response.finish = "eos"
+                return False
+            lane.forced.append(self.tags.path_close)  # EOS ends the path
+            return True
+        name = self.tag_names.get(token)
+        if name is not None:
+            lane.state, structural = read_tag(lane.state, name)
+            if not structural:
+                response.stray += 1
+            elif name == "parallel_open":
+                lane.then = "fork"
+            elif name == "path_close":
+                lane.then = "end_path"
+        if lane.state == "path" and lane.then is None and not lane.forced:
+            if lane.path_sampled >= self.s.max_path_tokens:
+                lane.forced.append(self.tags.path_close)
+        return True
+
+    def fork(self, parent: _Lane, response: _Response) -> list[_Lane]:
+        """The parent has just been fed <Parallel>: K branches, each forced to open a <Path>."""
+        K = self.s.paths
+        response.forks += 1
+        response.block = _Block(start=parent.position, paths=[_Tokens() for _ in range(K)],
+                                pieces=[None] * K, ends=[0] * K)
+        branches = []
+        for k in range(K):
+            branch = _Lane(response=parent.response, state="block", position=parent.position,
+                           pending=self.tags.path_open, out=response.block.paths[k], path=k)
+            branch.state, _ = read_tag("block", "path_open")
+            branch.out.add(self.tags.path_open, sampled=False)
+            branches.append(branch)
+        return branches
+
+    def end_path(self, lane: _Lane, row: int, response: _Response):
+        """A branch has been fed </Path>: keep its cache piece; merge when it is the last one."""
+        block = response.block
+        path_length = len(block.paths[lane.path].ids)
+        whole = self.cache.lens[row]
+        # branch 0 keeps the prefix too; the others only their path
+        start = 0 if lane.path == 0 else whole - path_length
+        block.pieces[lane.path] = self.cache.piece(row, start, whole)
+        block.ends[lane.path] = lane.position
+        if any(p is None for p in block.pieces):
+            return None
+        return self.merge(lane, response)
+
+    def merge(self, last: _Lane, response: _Response):
+        """Every path is done: one lane again, fed </Parallel> then <Summary>. -> (piece, lane)"""
+        block = response.block
+        paths = block.paths
+        response.path_lengths.append([len(p.ids) for p in paths])
+        for path in paths:
+            response.tokens.extend(path)
+        if self.s.mode == "structured":
+            piece = join(block.pieces)
+            position = max(block.ends)  # start + longest path
+        else:
+            first = len(paths[0].ids)
+            prefix = [(k[:, :-first], v[:, :-first]) for k, v in block.pieces[0]]
+            piece, position = self.reprefill(prefix, sum((p.ids for p in paths), []), block.start)
+        response.block = None
+        lane = _Lane(response=last.response, state="after", position=position,
+                     pending=self.tags.parallel_close, out=response.tokens, forced=[self.tags.summary_open])
+        response.tokens.add(self.tags.parallel_close, sampled=False)
+        return piece, lane
+
+    def reprefill(self, prefix, tokens: list[int], start: int):
+        """Causal mode: read the paths after the prefix in one forward. -> (row piece, next position)"""
+        device = self.model.device
+        cache = cache_from_pieces(prefix, self.model.config)
+        positions = torch.arange(start, start + len(tokens), device=device)[None]
+        self.model(input_ids=torch.tensor([tokens], device=device), position_ids=positions,
+                   cache=cache, use_cache=True, logits_to_keep=1)
+        return [(layer.keys[0], layer.values[0]) for layer in cache.layers], start + len(tokens)
+
+    def banned(self, lanes: list[_Lane], logprobs: torch.Tensor) -> torch.Tensor | None:
+        """[N, V] bool: <Parallel> in the main chain of responses whose block budget is spent."""
+        if self.tags is None:
+            return None
+        rows = [i for i, lane in enumerate(lanes)
+                if lane.state == "main" and self.responses[lane.response].forks >= self.s.max_blocks]
+        if not rows:
+            return None
+        banned = torch.zeros(logprobs.shape, dtype=torch.bool, device=logprobs.device)
+        banned[rows, self.tags.parallel_open] = True
+        return banned
+
+    def finish(self, response: _Response) -> Rollout:
+        """Write out a block still in flight (budget spent), then the rollout."""
+        if response.block is not None:
+            for path in response.block.paths:
+                if path.ids[-1] != self.tags.path_close:
+                    path.add(self.tags.path_close, sampled=False)
+                    response.cut += 1
+            response.path_lengths.append([len(p.ids) for p in response.block.paths])
+            for path in response.block.paths:
+                response.tokens.extend(path)
+        tokens = response.tokens
+        trace = parse_ids(tokens.ids, self.tags) if self.tags else parse_ids(tokens.ids, _NO_TAGS)
+        stats = RolloutStats(
+            new_tokens=len(tokens.ids), sampled_tokens=response.sampled, forks=response.forks,
+            path_lengths=response.path_lengths, critical_path=trace_stats(trace).critical_path,
+            stray_tags=response.stray, cut_paths=response.cut, wall_time=0.0,
+        )
+        return Rollout(response.prompt, tokens.ids, tokens.sampled, tokens.logprobs, trace,
+                       response.finish or "length", stats)
+
+
+_NO_TAGS = TagIds(-1, -2, -3, -4, -5, -6)  # for plain decoding: no id is a tag

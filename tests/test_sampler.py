@@ -1,0 +1,187 @@
+"""The parallel-branch sampler against independent computations on tiny Qwen models."""
+
+import pytest
+import torch
+
+from nanopar.layout import build_layout
+from nanopar.policy import token_logprobs
+from nanopar.sampler import SamplerSettings, sample
+from nanopar.tags import PARALLEL_R1, TagIds
+from nanopar.tiny import tiny_qwen_model
+from nanopar.trace import parse_trace
+
+V = 256
+TAGS = TagIds(*range(V - 6, V))
+P, P_, A, A_, S, S_ = TAGS.all()
+EOS = 7
+PROMPTS = [[1, 2, 3], [4, 5, 6, 8, 9, 10, 11], [12, 13, 14, 15, 16]]
+
+
+def make_model(arch="qwen3", tag_bias=0.0, eos_bias=0.0, seed=0):
+    """A tiny model; a bias on the tag (and EOS) logits makes structure likely at T = 1."""
+    model = tiny_qwen_model(arch=arch, vocab_size=V, seed=seed)
+    bias = torch.zeros(V)
+    bias[V - 6 :] = tag_bias
+    bias[EOS] = eos_bias
+    model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
+    return model
+
+
+def reread(model, rollout, mode):
+    """Training-style forward of prompt + response with the layout -> log-probs of the response."""
+    ids = torch.tensor([rollout.prompt_ids + rollout.ids])
+    layout = build_layout(ids, TAGS, mode, prompt_lengths=[len(rollout.prompt_ids)])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids).logits
+    n = len(rollout.prompt_ids)
+    return token_logprobs(logits[0, n - 1 : -1], ids[0, n:], 1.0, None)  # [len(response)]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_greedy_without_tags_equals_generate(arch):
+    model = tiny_qwen_model(arch=arch, vocab_size=V, seed=1)
+    rollouts = sample(model, PROMPTS, SamplerSettings(temperature=0, max_new_tokens=24), TAGS, eos_ids=[])
+    T = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (T - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in PROMPTS])
+    reference = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None
+    )[:, T:]
+    for rollout, expected in zip(rollouts, reference.tolist()):
+        assert not set(rollout.ids) & set(TAGS.all())  # the premise: no tag was sampled
+        assert rollout.ids == expected and all(rollout.sampled)
+    # EOS ends a response: stop at the first EOS of the reference
+    eos = reference[0, 5].item()
+    (stopped,) = sample(model, PROMPTS[:1], SamplerSettings(temperature=0, max_new_tokens=24), None, eos_ids=[eos])
+    assert stopped.ids == reference[0, : reference[0].tolist().index(eos) + 1].tolist() and stopped.finish == "eos"
+
+
+@pytest.fixture(scope="module")
+def structured_rollouts():
+    model = make_model(tag_bias=2.5, eos_bias=1.0)
+    settings = SamplerSettings(temperature=1.0, max_new_tokens=60, max_path_tokens=12, paths=3, seed=0)
+    return model, sample(model, PROMPTS, settings, TAGS, eos_ids=[EOS], samples_per_prompt=4)
+
+
+def test_forked_paths_match_separate_unforked_runs(structured_rollouts):
+    """Each path's log-probs equal a plain causal run of prompt + response prefix + that path alone."""
+    model, rollouts = structured_rollouts
+    checked = 0
+    for rollout in rollouts:
+        full = rollout.prompt_ids + rollout.ids
+        n = len(rollout.prompt_ids)
+        for block in rollout.trace.blocks[:1]:  # the first block: its prefix is plain causal text
+            prefix = full[: n + block.paths[0].start]
+            for path in block.paths:
+                alone = torch.tensor([prefix + full[n + path.start : n + path.end]])
+                with torch.no_grad():
+                    logits = model(input_ids=alone).logits[0]
+                expected = token_logprobs(logits[len(prefix) - 1 : -1], alone[0, len(prefix) :], 1.0, None)
+                got = torch.tensor(rollout.logprobs[path.start : path.end])
+                sampled = torch.tensor(rollout.sampled[path.start : path.end])
+                assert (got - expected)[sampled].abs().max() <= 1e-5
+                checked += int(sampled.sum())
+    assert checked > 50  # the premise: forks happened and paths were sampled
+
+
+def test_structured_training_forward_reproduces_every_sampled_logprob(structured_rollouts):
+    model, rollouts = structured_rollouts
+    for rollout in rollouts:
+        expected = reread(model, rollout, "structured")
+        sampled = torch.tensor(rollout.sampled)
+        assert (torch.tensor(rollout.logprobs) - expected)[sampled].abs().max() <= 1e-4
+    assert sum(r.stats.forks for r in rollouts) >= 6 and any(b.valid for r in rollouts for b in r.trace.blocks)
+
+
+def test_causal_mode_matches_after_merges_and_documents_the_path_mismatch():
+    model = make_model(tag_bias=2.5, eos_bias=1.0)
+    settings = SamplerSettings(mode="causal", temperature=1.0, max_new_tokens=60, max_path_tokens=12, seed=1)
+    rollouts = sample(model, PROMPTS, settings, TAGS, eos_ids=[EOS], samples_per_prompt=4)
+    after_merges, path_gaps = 0, []
+    for rollout in rollouts:
+        diff = (torch.tensor(rollout.logprobs) - reread(model, rollout, "causal")).abs()
+        in_later_paths = torch.zeros(len(rollout.ids), dtype=torch.bool)
+        for block in rollout.trace.blocks:
+            for path in block.paths[1:]:
+                in_later_paths[path.start : path.end] = True
+        causal = torch.tensor(rollout.sampled) & ~in_later_paths  # decoded seeing everything before
+        assert diff[causal].max() <= 1e-4
+        after_merges += sum(causal[b.close :].sum().item() for b in rollout.trace.blocks[:1] if b.close)
+        path_gaps += diff[torch.tensor(rollout.sampled) & in_later_paths].tolist()
+    assert after_merges > 10
+    # Known and documented: a later path was decoded without seeing its siblings (and at the
+    # block's start position), but the causal re-read shows it them: Seen mode is off-policy there.
+    assert max(path_gaps) > 1e-3
+
+
+def detokenize(ids):
+    tag_text = dict(zip(TAGS.all(), PARALLEL_R1.all()))
+    return "".join(tag_text.get(t, f" w{t}") for t in ids)
+
+
+def test_two_hundred_tag_heavy_rollouts_stay_within_budgets_and_read_back():
+    model = make_model(tag_bias=3.0, eos_bias=0.5)
+    rollouts = []
+    for seed in range(4):
+        settings = SamplerSettings(
+            temperature=1.0, max_new_tokens=48, max_path_tokens=10, max_blocks=2, paths=2 + seed % 3, seed=seed
+        )
+        rollouts += [(settings, r) for r in sample(model, PROMPTS, settings, TAGS, eos_ids=[EOS], samples_per_prompt=17)]
+    assert len(rollouts) >= 200
+    kinds = set()
+    for settings, r in rollouts:
+        assert r.stats.sampled_tokens == sum(r.sampled) <= settings.max_new_tokens
+        assert r.stats.forks == len(r.trace.blocks) <= settings.max_blocks
+        assert all(len(paths) == settings.paths for paths in r.stats.path_lengths)
+        for block in r.trace.blocks:
+            for path in block.paths:
+                assert sum(r.sampled[path.start : path.end]) <= settings.max_path_tokens
+        # the structure the sampler built is the one the reader finds, in ids and in text
+        assert [[len(p) for p in b.paths] for b in r.trace.blocks] == r.stats.path_lengths
+        assert len(r.trace.stray) == r.stats.stray_tags
+        text = parse_trace(detokenize(r.ids))
+        assert [len(b.paths) for b in text.blocks] == [len(b.paths) for b in r.trace.blocks]
+        assert len(text.stray) == len(r.trace.stray) and text.truncated == r.trace.truncated
+        # inserted tokens: K <Path> per fork, </Parallel> + <Summary> per merge, one </Path> per cut
+        merged = sum(b.close is not None for b in r.trace.blocks)
+        inserted = [t for t, s in zip(r.ids, r.sampled) if not s]
+        assert len(inserted) == settings.paths * r.stats.forks + 2 * merged + r.stats.cut_paths
+        assert set(inserted) <= {A, A_, P_, S}
+        assert all(lp == 0.0 for lp, s in zip(r.logprobs, r.sampled) if not s)
+        assert all(lp < 0.0 for lp, s in zip(r.logprobs, r.sampled) if s)
+        kinds |= {r.finish, "stray" if r.stats.stray_tags else "", "cut" if r.stats.cut_paths else ""}
+        kinds |= {"truncated" if r.trace.truncated else "", "valid" if any(b.valid for b in r.trace.blocks) else ""}
+    assert kinds >= {"eos", "length", "stray", "cut", "truncated", "valid"}  # every rule was exercised
+
+
+def rule_model(seed=0):
+    """A tiny model whose greedy choice of a tag depends on the token just fed (a fixed random
+    rule), so that under greedy decoding lanes fork and merge at different steps."""
+    model = tiny_qwen_model(arch="qwen3", vocab_size=V, seed=seed, tie_word_embeddings=False)
+    g = torch.Generator().manual_seed(seed)
+    table = torch.zeros(V, V)  # [fed token, next-token bias]
+    for tag, share in ((P, 0.08), (A_, 0.25), (S_, 0.25)):
+        table[(torch.rand(V, generator=g) < share) & (torch.arange(V) < V - 6), tag] = 8.0
+    add = lambda module, args, kwargs, out: setattr(out, "logits", out.logits + table[kwargs["input_ids"]])
+    model.register_forward_hook(add, with_kwargs=True)
+    return model
+
+
+def test_greedy_output_does_not_depend_on_the_batch():
+    model = rule_model()
+    settings = SamplerSettings(temperature=0, max_new_tokens=40, max_path_tokens=6, paths=2)
+    alone = [sample(model, [p], settings, TAGS, eos_ids=[EOS])[0] for p in PROMPTS]
+    together = sample(model, PROMPTS + [[20, 21], list(range(30, 45))], settings, TAGS, eos_ids=[EOS])
+    fork_offsets = [b.open for r in together for b in r.trace.blocks]
+    assert len(set(fork_offsets)) >= 3 and sum(b.valid for r in together for b in r.trace.blocks) >= 1
+    for a, b in zip(alone, together):
+        assert a.ids == b.ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-5
+
+
+def test_bad_settings_are_clear_errors():
+    model = tiny_qwen_model(vocab_size=V)
+    with pytest.raises(Exception, match="paths per block must be between 2 and 8, got 9"):
+        sample(model, PROMPTS, SamplerSettings(paths=9), TAGS, eos_ids=[])
+    with pytest.raises(Exception, match="unknown sampler mode 'seen'"):
+        sample(model, PROMPTS, SamplerSettings(mode="seen"), TAGS, eos_ids=[])
