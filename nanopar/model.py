@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from . import NanoparError
 from .tags import PARALLEL_R1, TagIds, TagSchema
+from .tiny import TINY_PREFIX, char_tokenizer, tiny_named
 
 QWEN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,6 +79,8 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     """
     device, dtype = resolve_device_and_dtype(settings)
     name, adapter_folder = settings.name_or_path, None
+    if name.startswith(TINY_PREFIX):
+        return _load_tiny(settings, device, dtype, schema)
     if os.path.isdir(name):
         if os.path.isfile(os.path.join(name, "adapter_config.json")):
             adapter_folder = name
@@ -86,8 +89,12 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
         elif not os.path.isfile(os.path.join(name, "config.json")):
             raise NanoparError(f"cannot load model {name!r}: the folder has no config.json "
                                "(nor adapter_config.json of a nanopar checkpoint)")
-    tokenizer = _from_pretrained(AutoTokenizer, name)
-    model = _from_pretrained(AutoModelForCausalLM, name, **_model_kwargs(settings, device, dtype))
+    if name.startswith(TINY_PREFIX):  # a checkpoint trained from a tiny model
+        model, _ = tiny_named(name, dtype, settings.attn_implementation)
+        tokenizer = char_tokenizer()
+    else:
+        tokenizer = _from_pretrained(AutoTokenizer, name)
+        model = _from_pretrained(AutoModelForCausalLM, name, **_model_kwargs(settings, device, dtype))
     if settings.load_in_4bit:
         disable_bnb_cpu_repack(model)  # before any forward, see there
     tag_ids = add_tag_tokens(tokenizer, model, schema)
@@ -107,6 +114,21 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
             raise NanoparError(f"checkpoint {adapter_folder!r}: its tag ids differ from its base's")
         model = PeftModel.from_pretrained(model, adapter_folder, is_trainable=settings.lora)
     elif settings.lora:
+        model = apply_lora(model, settings, tag_ids)
+    return model.eval(), tokenizer
+
+
+def _load_tiny(settings: ModelSettings, device: str, dtype: torch.dtype, schema: TagSchema):
+    """A "tiny:qwen2" / "tiny:qwen3" model (nanopar.tiny), with tags and LoRA as for any model."""
+    if settings.load_in_4bit:
+        raise NanoparError("tiny models are not quantised: drop --load-in-4bit")
+    if settings.name_or_path not in (TINY_PREFIX + "qwen2", TINY_PREFIX + "qwen3"):
+        raise NanoparError(f"unknown tiny model {settings.name_or_path!r}: use tiny:qwen2 or tiny:qwen3")
+    model, tokenizer = tiny_named(settings.name_or_path, dtype, settings.attn_implementation)
+    model.to(device)
+    tag_ids = add_tag_tokens(tokenizer, model, schema)
+    model.config._name_or_path = settings.name_or_path  # what a saved adapter names as its base
+    if settings.lora:
         model = apply_lora(model, settings, tag_ids)
     return model.eval(), tokenizer
 

@@ -81,6 +81,7 @@ class RolloutStats:
     stray_tags: int  # tags sampled where they mean nothing, kept as text
     cut_paths: int  # paths closed by an inserted </Path> (length limit, EOS, budget)
     wall_time: float  # seconds of the whole sampling call (shared by its responses)
+    peak_cache_bytes: int  # largest size of the batched KV cache during the call (shared)
 
 
 @dataclass
@@ -179,7 +180,7 @@ def sample(
         model.train(was_training)
     wall = time.perf_counter() - started
     for r in rollouts:
-        r.stats.wall_time = wall
+        r.stats.wall_time, r.stats.peak_cache_bytes = wall, sampler.peak_cache_bytes
     return rollouts
 
 
@@ -248,6 +249,7 @@ class _Run:
         rows = [p for p in range(len(prompts)) for _ in range(samples_per_prompt)]
         if samples_per_prompt > 1:
             self.cache.rebuild(rows, [])
+        self.peak_cache_bytes = self.cache.nbytes()
         self.responses = [_Response(prompts[p]) for p in rows]
         lanes = [
             _Lane(response=i, state="main", position=len(prompts[p]), pending=-1, out=self.responses[i].tokens)
@@ -265,6 +267,7 @@ class _Run:
             cache=self.cache.cache, use_cache=True,
         )
         self.cache.appended()
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes())
         for lane in lanes:
             lane.position += 1
         return out.logits[:, -1]
@@ -388,7 +391,7 @@ class _Run:
         stats = RolloutStats(
             new_tokens=len(tokens.ids), sampled_tokens=response.sampled, forks=response.forks,
             path_lengths=response.path_lengths, critical_path=trace_stats(trace).critical_path,
-            stray_tags=response.stray, cut_paths=response.cut, wall_time=0.0,
+            stray_tags=response.stray, cut_paths=response.cut, wall_time=0.0, peak_cache_bytes=0,
         )
         return Rollout(response.prompt, tokens.ids, tokens.sampled, tokens.logprobs, trace,
                        response.finish or "length", stats)

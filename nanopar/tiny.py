@@ -1,15 +1,18 @@
-"""Tiny Qwen2 / Qwen3 models built from a config, for tests and the toy world.
+"""Tiny Qwen2 / Qwen3 models built from a config, for tests, demos and the toy world.
 
 They are real `Qwen2ForCausalLM` / `Qwen3ForCausalLM` modules (same attention, rotary
 embeddings, RMSNorm, GQA) with a few thousand to a few million parameters, randomly
-initialised with a seed. Nothing here downloads anything. Not covered: Qwen's sliding-window
-or MoE variants.
+initialised with a seed. `char_tokenizer` is a character-level tokenizer built with the
+`tokenizers` library, so `load_model("tiny:qwen3")` gives a model + tokenizer pair without any
+download (its text is noise: it is for trying the machinery). Not covered: Qwen's
+sliding-window or MoE variants.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
 
 from . import NanoparError
 
@@ -58,3 +61,24 @@ def tiny_qwen_model(seed: int = 0, dtype: torch.dtype = torch.float32, **config_
         config, dtype=dtype, attn_implementation=config._attn_implementation
     )
     return model.eval()
+
+
+TINY_PREFIX = "tiny:"  # load_model("tiny:qwen2") / ("tiny:qwen3"): a random tiny model, no download
+EOS = "<|endoftext|>"
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character and newline, plus EOS (also padding) and <unk>."""
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {EOS: 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")  # every char
+    tokenizer.decoder = decoders.Fuse()  # join characters back without spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS, unk_token="<unk>")
+
+
+def tiny_named(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+    """(model, tokenizer) for a name "tiny:qwen2" or "tiny:qwen3" (seed 0, vocabulary 128)."""
+    arch = name.removeprefix(TINY_PREFIX)
+    model = tiny_qwen_model(arch=arch, vocab_size=128, dtype=dtype, attn_implementation=attn_implementation)
+    return model, char_tokenizer()

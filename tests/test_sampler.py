@@ -185,3 +185,36 @@ def test_bad_settings_are_clear_errors():
         sample(model, PROMPTS, SamplerSettings(paths=9), TAGS, eos_ids=[])
     with pytest.raises(Exception, match="unknown sampler mode 'seen'"):
         sample(model, PROMPTS, SamplerSettings(mode="seen"), TAGS, eos_ids=[])
+
+
+@pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "4bit-lora"])
+def test_lora_and_4bit_models_sample_consistently(four_bit, tmp_path):
+    from nanopar.model import ModelSettings, load_model
+    from nanopar.tiny import char_tokenizer
+
+    tiny_qwen_model(vocab_size=128, hidden_size=64).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    model, tokenizer = load_model(ModelSettings(str(tmp_path), load_in_4bit=four_bit, lora=True))
+    with torch.no_grad():  # a LoRA that is not the identity
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    tags = TagIds.from_tokenizer(tokenizer)
+    bias = torch.zeros(len(tokenizer) + 64)
+    bias[list(tags.all())] = 3.0
+    model.get_output_embeddings().register_forward_hook(lambda m, a, out: out + bias[: out.shape[-1]])
+    settings = SamplerSettings(temperature=1.0, max_new_tokens=40, max_path_tokens=8, seed=0)
+    prompts = [tokenizer.encode("12+30=", add_special_tokens=False), tokenizer.encode("7*6=", add_special_tokens=False)]
+    rollouts = sample(model, prompts, settings, tags, [tokenizer.eos_token_id], len(tokenizer), samples_per_prompt=4)
+    assert not model.training and sum(r.stats.forks for r in rollouts) >= 2
+    for rollout in rollouts:
+        ids = torch.tensor([rollout.prompt_ids + rollout.ids])
+        layout = build_layout(ids, tags, prompt_lengths=[len(rollout.prompt_ids)])
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids).logits
+        n = len(rollout.prompt_ids)
+        expected = token_logprobs(logits[0, n - 1 : -1], ids[0, n:], 1.0, len(tokenizer))
+        sampled = torch.tensor(rollout.sampled)
+        assert (torch.tensor(rollout.logprobs) - expected)[sampled].abs().max() <= 1e-4
+        assert max(rollout.ids) < len(tokenizer)  # the padded vocabulary is never drawn

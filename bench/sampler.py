@@ -1,0 +1,168 @@
+"""Benchmark the parallel-branch sampler; prints one table, every comparison run side by side.
+
+    python bench/sampler.py            # about 3 minutes on a 2-core CPU
+    python bench/sampler.py --quick    # smaller sizes, a smoke run
+
+1. throughput: nanopar's sampler vs `model.generate`, greedy, tags disabled, same prompts,
+   batch 1 / 8 / 32, on a ~1M-parameter tiny Qwen3 (2k vocab) and on a tiny Qwen3 with the
+   real 151,936-token vocabulary. Target: ratio >= 1.0.
+2. parallel acceleration: one block of K paths of L tokens vs decoding the same number of
+   tokens one after another in one lane (NPR's speedup). Target: >= 0.75 K for K <= 4.
+3. fork cost: duplicating a cache row K times vs re-prefilling the prefix for each branch
+   (Parallel-R1's rollout), prefixes of 256 and 1,024 tokens. Target: >= 5x.
+Each time is the best of `REPEATS` runs after a warm-up. Cache memory is the peak size of the
+keys and values (for `generate`, its final cache).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from nanopar.kvcache import LaneCache
+from nanopar.sampler import SamplerSettings, sample
+from nanopar.tags import TagIds
+from nanopar.tiny import tiny_qwen_model
+
+QUICK = "--quick" in sys.argv
+REPEATS = 1 if QUICK else 3
+NEW_TOKENS = 32 if QUICK else 128
+PROMPT = 16
+MB = 2**20
+
+
+def best_time(fn):
+    fn()  # warm-up
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return min(times), result
+
+
+def prompts(batch, vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [PROMPT - (i % 4) for i in range(batch)]  # different lengths: padding matters
+    return [torch.randint(10, vocab - 10, (n,), generator=g).tolist() for n in lengths]
+
+
+def generate_baseline(model, batch_prompts):
+    T = max(map(len, batch_prompts))
+    ids = torch.tensor([[0] * (T - len(p)) + p for p in batch_prompts])
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in batch_prompts])
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+        do_sample=False, pad_token_id=0, eos_token_id=None, return_dict_in_generate=True,
+    )
+    cache = out.past_key_values if hasattr(out, "past_key_values") else out.cache
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+
+
+def throughput_rows(table):
+    models = {
+        "1M params, 2k vocab": tiny_qwen_model(vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2),
+        "real 151,936 vocab": tiny_qwen_model(vocab_size=151936, hidden_size=64, num_layers=2),
+    }
+    settings = SamplerSettings(temperature=0, max_new_tokens=NEW_TOKENS)
+    for name, model in models.items():
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        for batch in (1, 8, 32):
+            batch_prompts = prompts(batch, model.config.vocab_size)
+            ours, rollouts = best_time(lambda: sample(model, batch_prompts, settings, None, eos_ids=[]))
+            theirs, their_cache = best_time(lambda: generate_baseline(model, batch_prompts))
+            tokens = batch * NEW_TOKENS
+            assert all(r.stats.new_tokens == NEW_TOKENS for r in rollouts)
+            table.add_row(
+                "throughput (tok/s)", f"{name} ({params:.1f}M), batch {batch}",
+                f"{tokens / ours:,.0f}", f"{tokens / theirs:,.0f} generate", f"{theirs / ours:.2f}", ">= 1.0",
+                f"{rollouts[0].stats.peak_cache_bytes / MB:.2f} / {their_cache / MB:.2f}",
+            )
+
+
+def forced_block_model(vocab, tags: TagIds, trigger: int):
+    """A tiny model made to open one block right after `trigger` and never close a path itself."""
+    model = tiny_qwen_model(vocab_size=vocab, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
+    banned = torch.zeros(vocab)
+    banned[list(tags.all())] = -1e4
+
+    def steer(module, args, kwargs, out):
+        bias = banned.expand_as(out.logits).clone()
+        bias[..., tags.parallel_open] += 2e4 * (kwargs["input_ids"][:, -1:] == trigger)  # [N, 1]
+        out.logits = out.logits + bias
+        return out
+
+    model.register_forward_hook(steer, with_kwargs=True)
+    return model
+
+
+def acceleration_rows(table):
+    vocab = 2048
+    tags = TagIds(*range(vocab - 6, vocab))
+    trigger = 5
+    model = forced_block_model(vocab, tags, trigger)
+    L = 32 if QUICK else 128
+    prompt = prompts(1, vocab - 10)[0] + [trigger]
+    for K in (2, 4, 8):
+        parallel = SamplerSettings(temperature=0, paths=K, max_path_tokens=L, max_new_tokens=K * L + 4)
+        par_time, (par,) = best_time(lambda: sample(model, [prompt], parallel, tags, eos_ids=[]))
+        assert par.stats.forks == 1 and par.stats.path_lengths == [[L + 2] * K], par.stats
+        sequential = SamplerSettings(temperature=0, max_new_tokens=par.stats.new_tokens)
+        seq_time, (seq,) = best_time(lambda: sample(model, [prompt], sequential, None, eos_ids=[]))
+        table.add_row(
+            "parallel acceleration", f"1 block, K={K} paths of {L} tokens ({par.stats.new_tokens} tokens)",
+            f"{par_time * 1000:.0f} ms", f"{seq_time * 1000:.0f} ms sequential", f"{seq_time / par_time:.2f}",
+            f">= {0.75 * K:.1f}" if K <= 4 else "(none)",
+            f"{par.stats.peak_cache_bytes / MB:.2f} / {seq.stats.peak_cache_bytes / MB:.2f}",
+        )
+
+
+def fork_rows(table):
+    model = tiny_qwen_model(vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
+    K = 4
+    for prefix_length in (256, 1024):
+        prefix = torch.randint(10, 2000, (1, prefix_length))
+        with torch.no_grad():
+            out = model(input_ids=prefix, use_cache=True, logits_to_keep=1)
+
+        def duplicate():
+            cache = LaneCache(out.cache, [prefix_length])
+            layers = [(layer.keys, layer.values) for layer in out.cache.layers]
+            cache.rebuild([0] * K, [])
+            result = cache.nbytes()
+            for layer, (k, v) in zip(out.cache.layers, layers):  # undo, for the next repeat
+                layer.keys, layer.values = k, v
+            return result
+
+        def reprefill():
+            with torch.no_grad():
+                again = model(input_ids=prefix.expand(K, -1), use_cache=True, logits_to_keep=1)
+            return sum(layer.keys.nbytes + layer.values.nbytes for layer in again.cache.layers)
+
+        dup_time, dup_bytes = best_time(duplicate)
+        pre_time, pre_bytes = best_time(reprefill)
+        table.add_row(
+            "fork cost", f"prefix {prefix_length} tokens, K={K}",
+            f"{dup_time * 1000:.2f} ms copy", f"{pre_time * 1000:.1f} ms re-prefill", f"{pre_time / dup_time:.1f}",
+            ">= 5", f"{dup_bytes / MB:.2f} / {pre_bytes / MB:.2f}",
+        )
+
+
+def main():
+    torch.manual_seed(0)
+    table = Table(title=f"nanopar sampler benchmark ({torch.get_num_threads()} threads, {'quick' if QUICK else 'full'})")
+    for column in ("benchmark", "setting", "nanopar", "baseline", "ratio", "target", "cache MB (nanopar / baseline)"):
+        table.add_column(column)
+    with torch.no_grad():
+        throughput_rows(table)
+        acceleration_rows(table)
+        fork_rows(table)
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Command-line flags generated from a script's @dataclass config, and saving the resolved config.
+
+Every field becomes `--field-name`, typed from its annotation, with the comment on its line as
+the help text; booleans get `--flag/--no-flag`. A config class may extend another (sample.py's
+extends `SamplerSettings`), so the sampler's knobs are declared once. Not here: nested configs,
+config files (a run's saved config.json is plain JSON: read it, edit it, pass flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import re
+import types
+import typing
+from pathlib import Path
+
+
+def field_comments(cls) -> dict[str, str]:
+    """{field name: the comment on its line}, over the class and its bases."""
+    comments = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            for name, comment in re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(klass), re.M):
+                comments[name] = comment.strip()
+    return comments
+
+
+def parse_config(cls, argv: list[str] | None = None, description: str = ""):
+    """Build an argparse parser from `cls`, parse `argv`, return a `cls` instance."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    for field in dataclasses.fields(cls):
+        kind = hints[field.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # "int | None" -> int
+            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        flag = "--" + field.name.replace("_", "-")
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        options = dict(default=default, help=comments.get(field.name, ""))
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
+        elif typing.get_origin(kind) in (tuple, list):
+            parser.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], **options)
+        else:
+            parser.add_argument(flag, type=kind, **options)
+    values = vars(parser.parse_args(argv))
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def save_config(config, folder: str | Path, name: str = "config.json") -> Path:
+    """Write the resolved config next to a run's outputs."""
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    return path

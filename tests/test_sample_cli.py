@@ -1,0 +1,82 @@
+"""sample.py as a user runs it: a tiny model, prompts from flags and files, --json, bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sample
+from nanopar import NanoparError
+from nanopar.tiny import char_tokenizer
+from nanopar.trace import parse_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "sample.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_draws_trees_and_writes_consistent_json(tmp_path):
+    out = tmp_path / "out.json"
+    result = run("--model", "tiny:qwen3", "--prompt", "12 + 30 =", "--samples", "3", "--max-new-tokens", "48",
+                 "--temperature", "1.0", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "prompt 1 · sample 3" in result.stdout and "3 responses" in result.stdout
+    records = json.loads(out.read_text())
+    assert len(records) == 3
+    tokenizer = char_tokenizer()
+    for record in records:
+        assert record["prompt"] == "12 + 30 =" and record["stats"]["new_tokens"] == len(record["ids"])
+        assert record["stats"]["sampled_tokens"] == sum(record["sampled"]) <= 48
+        blocks = parse_trace(record["text"]).blocks
+        assert len(blocks) == len(record["structure"]["blocks"]) == record["stats"]["forks"]
+        assert len(record["ids"]) == len(record["logprobs"]) == len(record["sampled"])
+    assert len(tokenizer.encode("12 + 30 =", add_special_tokens=False)) == 9  # char-level: one token per char
+
+
+def test_prompts_from_text_and_jsonl_files(tmp_path):
+    (tmp_path / "p.txt").write_text("1+1=\n\n2+2=\n")
+    (tmp_path / "p.jsonl").write_text('{"problem": "3+3="}\n{"question": "4+4=", "answer": "8"}\n')
+    for name, expected in (("p.txt", ["1+1=", "2+2="]), ("p.jsonl", ["3+3=", "4+4="])):
+        records = sample.main(["--model", "tiny:qwen2", "--prompts-file", str(tmp_path / name),
+                               "--max-new-tokens", "8", "--json", str(tmp_path / "o.json")])
+        assert [r["prompt"] for r in records] == expected
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "tiny:qwen3", "--prompts-file", "missing.jsonl"], "prompts file not found: missing.jsonl"),
+        (["--model", "tiny:qwen4", "--prompt", "x"], "unknown tiny model 'tiny:qwen4': use tiny:qwen2 or tiny:qwen3"),
+        (["--prompt", "x"], "--model is required"),
+        (["--model", "tiny:qwen3", "--prompt", "x", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
+        (["--model", "tiny:qwen3", "--prompt", "x", "--mode", "seen"], "unknown sampler mode 'seen'"),
+    ],
+)
+def test_bad_input_is_a_clear_error(args, message):
+    with pytest.raises(NanoparError) as error:
+        sample.main(args)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_the_script_prints_an_error_as_one_line():
+    result = run("--model", "tiny:qwen3", "--prompt", "x", "--paths", "1")
+    assert result.returncode == 1 and result.stderr == "error: paths per block must be between 2 and 8, got 1\n"
+
+
+def test_broken_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"problem": "3+3="}\n{"problem": \n')
+    with pytest.raises(Exception, match=r"p.jsonl:2: not valid JSON"):
+        sample.main(["--model", "tiny:qwen3", "--prompts-file", str(path)])
+    path.write_text('{"text": "3+3="}\n')
+    with pytest.raises(Exception, match=r"p.jsonl:1: no prompt/problem/question field"):
+        sample.main(["--model", "tiny:qwen3", "--prompts-file", str(path)])
+
+
+def test_unknown_flag_is_refused():
+    result = run("--model", "tiny:qwen3", "--promt", "x")
+    assert result.returncode == 2 and "unrecognized arguments: --promt" in result.stderr
