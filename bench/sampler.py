@@ -29,20 +29,23 @@ from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
 
 QUICK = "--quick" in sys.argv
-REPEATS = 1 if QUICK else 3
+REPEATS = 1 if QUICK else 5
 NEW_TOKENS = 32 if QUICK else 128
 PROMPT = 16
 MB = 2**20
 
 
-def best_time(fn):
-    fn()  # warm-up
-    times = []
+def race(*fns):
+    """Best time of each function over REPEATS rounds, taking turns so drifts in machine speed
+    hit every contestant alike. -> [(seconds, result of the last call)] per function"""
+    results = [fn() for fn in fns]  # warm-up
+    best = [float("inf")] * len(fns)
     for _ in range(REPEATS):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), result
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            results[i] = fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return list(zip(best, results))
 
 
 def prompts(batch, vocab, seed=0):
@@ -73,8 +76,10 @@ def throughput_rows(table):
         params = sum(p.numel() for p in model.parameters()) / 1e6
         for batch in (1, 8, 32):
             batch_prompts = prompts(batch, model.config.vocab_size)
-            ours, rollouts = best_time(lambda: sample(model, batch_prompts, settings, None, eos_ids=[]))
-            theirs, their_cache = best_time(lambda: generate_baseline(model, batch_prompts))
+            (ours, rollouts), (theirs, their_cache) = race(
+                lambda: sample(model, batch_prompts, settings, None, eos_ids=[]),
+                lambda: generate_baseline(model, batch_prompts),
+            )
             tokens = batch * NEW_TOKENS
             assert all(r.stats.new_tokens == NEW_TOKENS for r in rollouts)
             table.add_row(
@@ -109,10 +114,14 @@ def acceleration_rows(table):
     prompt = prompts(1, vocab - 10)[0] + [trigger]
     for K in (2, 4, 8):
         parallel = SamplerSettings(temperature=0, paths=K, max_path_tokens=L, max_new_tokens=K * L + 4)
-        par_time, (par,) = best_time(lambda: sample(model, [prompt], parallel, tags, eos_ids=[]))
+        # the sequential run decodes as many tokens as the parallel response holds: K (L + 2) + 6
+        sequential = SamplerSettings(temperature=0, max_new_tokens=K * (L + 2) + 6)
+        (par_time, (par,)), (seq_time, (seq,)) = race(
+            lambda: sample(model, [prompt], parallel, tags, eos_ids=[]),
+            lambda: sample(model, [prompt], sequential, None, eos_ids=[]),
+        )
         assert par.stats.forks == 1 and par.stats.path_lengths == [[L + 2] * K], par.stats
-        sequential = SamplerSettings(temperature=0, max_new_tokens=par.stats.new_tokens)
-        seq_time, (seq,) = best_time(lambda: sample(model, [prompt], sequential, None, eos_ids=[]))
+        assert seq.stats.new_tokens == par.stats.new_tokens, (seq.stats, par.stats)
         table.add_row(
             "parallel acceleration", f"1 block, K={K} paths of {L} tokens ({par.stats.new_tokens} tokens)",
             f"{par_time * 1000:.0f} ms", f"{seq_time * 1000:.0f} ms sequential", f"{seq_time / par_time:.2f}",
@@ -143,8 +152,7 @@ def fork_rows(table):
                 again = model(input_ids=prefix.expand(K, -1), use_cache=True, logits_to_keep=1)
             return sum(layer.keys.nbytes + layer.values.nbytes for layer in again.cache.layers)
 
-        dup_time, dup_bytes = best_time(duplicate)
-        pre_time, pre_bytes = best_time(reprefill)
+        (dup_time, dup_bytes), (pre_time, pre_bytes) = race(duplicate, reprefill)
         table.add_row(
             "fork cost", f"prefix {prefix_length} tokens, K={K}",
             f"{dup_time * 1000:.2f} ms copy", f"{pre_time * 1000:.1f} ms re-prefill", f"{pre_time / dup_time:.1f}",
@@ -161,7 +169,7 @@ def main():
         throughput_rows(table)
         acceleration_rows(table)
         fork_rows(table)
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ class LaneCache:
     def __init__(self, cache: DynamicCache, lens: list[int]):
         self.cache = cache  # the model's cache object, passed to every forward
         self.lens = list(lens)  # real tokens per row (right-aligned)
+        self._first_real = None  # [N] first real column per row; steps keep it, rebuilds reset it
 
     @property
     def width(self) -> int:
@@ -39,11 +40,18 @@ class LaneCache:
             for layer in self.cache.layers
         ]
 
-    def step_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """Additive mask for one decode step: each row sees its real tokens and the new one."""
+    def step_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive mask for one decode step: each row sees its real tokens and the new one.
+
+        None when no row has padding: the model then attends to everything, and sdpa takes its
+        faster unmasked path.
+        """
+        if min(self.lens) == self.width:
+            return None
+        if self._first_real is None:
+            self._first_real = self.width - torch.tensor(self.lens, device=self.device)  # [N]
         columns = torch.arange(self.width + 1, device=self.device)  # [W+1]
-        first_real = self.width - torch.tensor(self.lens, device=self.device)  # [N]
-        visible = columns[None, :] >= first_real[:, None]  # [N, W+1]
+        visible = columns[None, :] >= self._first_real[:, None]  # [N, W+1]
         mask = torch.zeros(visible.shape, dtype=dtype, device=self.device)
         return mask.masked_fill_(~visible, torch.finfo(dtype).min)[:, None, None, :]  # [N, 1, 1, W+1]
 
@@ -71,6 +79,7 @@ class LaneCache:
                     new[len(keep) + j, :, width - part.shape[-2] :] = part
                 setattr(layer, name, new)
         self.lens = lens
+        self._first_real = None
 
     @property
     def device(self) -> torch.device:

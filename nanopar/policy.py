@@ -28,24 +28,31 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 
 
 def draw(
-    logprobs: torch.Tensor,  # [N, V] policy log-probs (temperature applied)
-    greedy: bool,
+    logits: torch.Tensor,  # [N, V] raw logits of the next token
+    temperature: float,  # 0 = greedy
+    vocab_size: int | None,  # ids >= vocab_size are never drawn
     top_k: int = 0,  # keep the k most likely tokens (0 = all)
     top_p: float = 1.0,  # keep the smallest set with this much probability (1.0 = all)
     banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
     generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Draw one token per row. -> [N] long."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. -> (tokens [N] long, their policy log-probs [N])"""
+    logits = logits[:, :vocab_size].float()  # [N, V']
+    if banned is not None:
+        banned = banned[:, : logits.shape[-1]]
+    if temperature <= 0:  # greedy: no [N, V] log-softmax needed, one logsumexp
+        scores = logits if banned is None else logits.masked_fill(banned, float("-inf"))
+        tokens = scores.argmax(-1)  # [N]
+        return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    logprobs = policy_logprobs(logits, temperature, None)  # [N, V']
     scores = logprobs if banned is None else logprobs.masked_fill(banned, float("-inf"))
-    if greedy:
-        return scores.argmax(-1)
     if 0 < top_k < scores.shape[-1]:
         kth = scores.topk(top_k, dim=-1).values[:, -1:]  # [N, 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)  # [N, V]
-        mass_before = sorted_scores.softmax(-1).cumsum(-1) - sorted_scores.softmax(-1)
-        drop_sorted = mass_before >= top_p  # the first token is always kept
+        sorted_scores, order = scores.sort(dim=-1, descending=True)  # [N, V']
+        probs = sorted_scores.softmax(-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass before a token; the first is kept
         scores = scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    probs = scores.softmax(-1)  # [N, V]
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)  # [N]
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

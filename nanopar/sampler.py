@@ -44,7 +44,7 @@ import torch
 from . import NanoparError
 from .kvcache import LaneCache, cache_from_pieces, join
 from .layout import MODES, build_layout
-from .policy import draw, policy_logprobs
+from .policy import draw
 from .tags import TagIds
 from .trace import Trace, parse_ids, read_tag, trace_stats
 
@@ -190,18 +190,15 @@ class _Run:
     def __init__(self, model, settings, tag_ids, eos, vocab_size, generator, dtype):
         self.model, self.s, self.tags, self.eos = model, settings, tag_ids, eos
         self.vocab_size, self.generator, self.dtype = vocab_size, generator, dtype
-        self.greedy = settings.temperature <= 0
         self.tag_names = tag_ids.names() if tag_ids else {}  # token id -> tag field name
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
         logits, lanes = self.prefill(prompts, samples_per_prompt)
         while lanes:
-            logprobs = policy_logprobs(logits, self.s.temperature, self.vocab_size)  # [N, V]
-            drawn = draw(
-                logprobs, self.greedy, self.s.top_k, self.s.top_p, self.banned(lanes, logprobs), self.generator
-            ).tolist()
-            chosen = logprobs.gather(-1, torch.tensor(drawn, device=logprobs.device)[:, None]).squeeze(-1).tolist()
+            tokens, logprobs = draw(logits, self.s.temperature, self.vocab_size, self.s.top_k, self.s.top_p,
+                                    self.banned(lanes, logits), self.generator)  # [N], [N]
+            drawn, chosen = tokens.tolist(), logprobs.tolist()
             keep, extra, next_lanes, extra_lanes = [], [], [], []
             for row, lane in enumerate(lanes):
                 response = self.responses[lane.response]
@@ -364,7 +361,7 @@ class _Run:
                    cache=cache, use_cache=True, logits_to_keep=1)
         return [(layer.keys[0], layer.values[0]) for layer in cache.layers], start + len(tokens)
 
-    def banned(self, lanes: list[_Lane], logprobs: torch.Tensor) -> torch.Tensor | None:
+    def banned(self, lanes: list[_Lane], logits: torch.Tensor) -> torch.Tensor | None:
         """[N, V] bool: <Parallel> in the main chain of responses whose block budget is spent."""
         if self.tags is None:
             return None
@@ -372,7 +369,7 @@ class _Run:
                 if lane.state == "main" and self.responses[lane.response].forks >= self.s.max_blocks]
         if not rows:
             return None
-        banned = torch.zeros(logprobs.shape, dtype=torch.bool, device=logprobs.device)
+        banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
         banned[rows, self.tags.parallel_open] = True
         return banned
 

@@ -1,0 +1,40 @@
+"""The policy's distribution and the draws (policy.py) against direct computations."""
+
+import math
+
+import torch
+
+from nanopar.policy import draw, policy_logprobs, token_logprobs
+
+
+def test_logprobs_are_a_temperature_softmax_over_the_real_vocabulary():
+    logits = torch.tensor([[2.0, 1.0, 0.0, 9.0]])  # the last id is padding: never part of the policy
+    got = policy_logprobs(logits, 0.5, vocab_size=3)
+    z = [math.exp(4.0), math.exp(2.0), math.exp(0.0)]
+    assert torch.allclose(got, torch.tensor([[math.log(v / sum(z)) for v in z]]))
+    assert torch.allclose(token_logprobs(logits, torch.tensor([1]), 0.5, 3), got[:, 1])
+
+
+def test_greedy_draw_takes_the_best_allowed_token_and_records_its_temperature_one_logprob():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 50.0], [5.0, 1.0, 2.0, 0.0]])
+    banned = torch.zeros(2, 4, dtype=torch.bool)
+    banned[1, 0] = True
+    tokens, logprobs = draw(logits, 0.0, vocab_size=3, banned=banned)
+    assert tokens.tolist() == [1, 2]  # id 3 is padding; row 1 may not draw id 0
+    assert torch.allclose(logprobs, torch.log_softmax(logits[:, :3], -1)[[0, 1], [1, 2]])
+
+
+def test_top_k_top_p_and_bans_restrict_the_draws_but_not_the_recorded_logprob():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).expand(4000, 4)
+    tokens, logprobs = draw(logits, 1.0, None, top_k=2, generator=g)
+    assert set(tokens.tolist()) == {0, 1} and abs((tokens == 0).float().mean() - 0.4 / 0.7) < 0.03
+    assert torch.allclose(logprobs, torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))[tokens])
+    tokens, _ = draw(logits, 1.0, None, top_p=0.75, generator=g)  # 0.4 + 0.3 < 0.75: three tokens stay
+    assert set(tokens.tolist()) == {0, 1, 2}
+    banned = torch.zeros(4000, 4, dtype=torch.bool)
+    banned[:, 0] = True
+    tokens, _ = draw(logits, 1.0, None, banned=banned, generator=g)
+    assert 0 not in tokens.tolist() and abs((tokens == 1).float().mean() - 0.5) < 0.03
+    hot, _ = draw(logits, 0.01, None, generator=g)  # a low temperature is almost greedy
+    assert (hot == 0).all()
