@@ -1,0 +1,141 @@
+"""GRPO, written out: group advantages, the policy-gradient loss, one optimiser step.
+
+"GRPO" as nanopar runs it, nothing hidden:
+  - G responses per prompt (the sampler); one reward per response (rewards.py);
+  - advantage = (r - group mean) / (group std + eps) ("zscore"), or r - group mean ("mean");
+    a group whose rewards are all equal teaches nothing: its advantages are 0;
+  - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded),
+    summed and divided by the number of sampled tokens in the whole rollout batch, before it is
+    cut into micro-batches, so a long response weighs as much per token as a short one;
+  - on-policy by default: one update per batch, so the ratio pi/pi_old is exactly 1 and the
+    loss is plain -A * log pi (its gradient is the policy gradient); with `updates > 1` the
+    PPO-style clipped ratio applies (pi_old = the policy before the first update);
+  - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
+    exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
+    (after SFT: the SFT adapter, not the base model; see `Reference`);
+  - gradient accumulation over micro-batches, gradient-norm clipping, a non-finite step skipped.
+Not here: sampling, rewards, the optimiser's construction, logging (train.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from . import NanoparError
+from .forward import TokenBatch, make_batch, trace_logprobs
+from .optim import apply_gradients
+from .tags import TagIds
+
+
+@dataclass
+class GRPOSettings:
+    advantage: str = "zscore"  # "zscore" (r - mean) / (std + eps) or "mean" (r - mean)
+    updates: int = 1  # optimiser steps per rollout batch; 1 = on-policy, ratio = 1
+    clip: float = 0.2  # PPO clip range of the ratio (matters only when updates > 1)
+    kl_beta: float = 0.0  # weight of the KL to the reference policy (0 = no reference)
+    micro_batch: int = 8  # rows per forward/backward (gradient accumulation over them)
+    max_grad_norm: float = 1.0  # clip the gradient norm to this (0 = no clipping)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore", eps: float = 1e-6):
+    """One advantage per response. rewards [N] (N = prompts x G, prompt-major) -> [N]
+
+    >>> [round(a, 3) for a in group_advantages(torch.tensor([1., -1., 1., 1.]), 2).tolist()]
+    [1.0, -1.0, 0.0, 0.0]
+    >>> group_advantages(torch.tensor([3., 1., 1., 1.]), 2, "mean").tolist()
+    [1.0, -1.0, 0.0, 0.0]
+    """
+    if rewards.numel() % group_size:
+        raise NanoparError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    groups = rewards.view(-1, group_size)  # [P, G]
+    centred = groups - groups.mean(-1, keepdim=True)  # [P, G]
+    if kind == "mean":
+        return centred.flatten()
+    if kind != "zscore":
+        raise NanoparError(f"unknown advantage {kind!r}: use 'zscore' or 'mean'")
+    return (centred / (groups.std(-1, unbiased=False, keepdim=True) + eps)).flatten()
+
+
+def rollout_batch(rollouts, pad_id: int, device="cpu") -> TokenBatch:
+    """prompt + response rows; the loss weight is 1 on sampled tokens, 0 on inserted ones."""
+    return make_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
+                      [[float(s) for s in r.sampled] for r in rollouts], pad_id, device,
+                      recorded=[r.logprobs for r in rollouts])
+
+
+def policy_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                total_tokens: float, clip: float, ref: torch.Tensor | None = None, kl_beta: float = 0.0):
+    """The GRPO loss of a micro-batch: new/old/ref [b, T-1] log-probs, advantages [b], mask [b, T-1]."""
+    ratio = torch.exp(new - old)  # [b, T-1] exactly 1 on the first update
+    A = advantages[:, None]  # [b, 1]
+    per_token = -torch.min(ratio * A, ratio.clamp(1 - clip, 1 + clip) * A)  # [b, T-1]
+    if ref is not None and kl_beta > 0:
+        per_token = per_token + kl_beta * (torch.exp(ref - new) - (ref - new) - 1)  # k3 >= 0
+    return (per_token * mask).sum() / total_tokens
+
+
+class Reference:
+    """The policy as it was when this object was made: a snapshot of its trainable parameters.
+
+    With LoRA that is only the adapter (and tag rows), so it is cheap and works with 4-bit bases;
+    inside `with reference.active():` the model computes the reference policy. After SFT it is
+    the SFT adapter (what the KL should hold on to), never the bare base model.
+    """
+
+    def __init__(self, model):
+        self.pairs = [(p, p.detach().clone()) for p in model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def active(self):
+        with torch.no_grad():
+            current = [p.detach().clone() for p, _ in self.pairs]
+            for p, frozen in self.pairs:
+                p.copy_(frozen)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for (p, _), value in zip(self.pairs, current):
+                    p.copy_(value)
+
+
+def grpo_update(model, optimizer, rollouts, advantages: torch.Tensor, settings: GRPOSettings, tag_ids: TagIds,
+                mode: str, temperature: float, vocab_size: int | None, pad_id: int,
+                reference: Reference | None = None, scheduler=None) -> dict:
+    """`settings.updates` optimiser steps on one rollout batch. -> metrics of the last step"""
+    device = next(model.parameters()).device
+    batch = rollout_batch(rollouts, pad_id, device)
+    advantages = advantages.to(device)
+    total = batch.target_mask.sum().clamp(min=1)  # sampled tokens in the whole batch
+    slices = [slice(i, i + settings.micro_batch) for i in range(0, len(batch), settings.micro_batch)]
+    read = dict(tag_ids=tag_ids, mode=mode, temperature=temperature, vocab_size=vocab_size)
+    model.train()
+    with torch.no_grad():  # pi_old (and the reference), once, before any update
+        old = [trace_logprobs(model, batch.rows(s), **read)[0] for s in slices]
+        ref = None
+        if reference is not None and settings.kl_beta > 0:
+            with reference.active():
+                ref = [trace_logprobs(model, batch.rows(s), **read)[0] for s in slices]
+    metrics = {}
+    for _ in range(settings.updates):
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum, entropy_sum = 0.0, 0.0
+        for j, s in enumerate(slices):
+            micro = batch.rows(s)
+            new, entropy = trace_logprobs(model, micro, **read, with_entropy=True)
+            loss = policy_loss(new, old[j], advantages[s], micro.target_mask, total, settings.clip,
+                               None if ref is None else ref[j], settings.kl_beta)
+            loss.backward()
+            loss_sum += loss.item()
+            entropy_sum += (entropy * micro.target_mask).sum().item()
+        norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler)
+        metrics = {"loss": loss_sum, "grad_norm": norm, "skipped_step": skipped,
+                   "entropy": entropy_sum / total.item()}
+    # how far the trainer's reading is from the sampler's log-probs (~0 on-policy in fp32)
+    gap = sum(((o - batch.rows(s).recorded) * batch.rows(s).target_mask).abs().sum().item()
+              for s, o in zip(slices, old))
+    metrics["logprob_gap"] = gap / total.item()
+    return metrics

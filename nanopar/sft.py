@@ -1,0 +1,37 @@
+"""Supervised fine-tuning on parallel traces: Parallel-R1's cold start, NPR's self-distillation.
+
+The loss is the mean cross-entropy over response tokens — every token of the trace, tags
+included, since the model must learn to write them — counted over the whole batch, with the
+prompt as context only. In structured mode the batch is read with the layout's mask and
+positions, so a path learns to be written without seeing its siblings, exactly as the sampler
+will decode it; in causal mode it is a plain causal read. Log-probs come from
+`forward.trace_logprobs` at temperature 1 over the real vocabulary, as the policy is defined.
+Not here: where traces come from (coldstart.py), the loop over steps (train.py).
+"""
+
+from __future__ import annotations
+
+
+
+from .forward import make_batch, trace_logprobs
+from .optim import apply_gradients
+from .tags import TagIds
+
+
+def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[int]], tag_ids: TagIds, mode: str,
+             pad_id: int, vocab_size: int | None = None, micro_batch: int = 8, max_grad_norm: float = 1.0,
+             scheduler=None) -> dict:
+    """One optimiser step on a batch of (prompt ids, response ids). -> metrics"""
+    device = next(model.parameters()).device
+    batch = make_batch(prompts, responses, [[1.0] * len(r) for r in responses], pad_id, device)
+    total = batch.target_mask.sum().clamp(min=1)  # response tokens in the whole batch
+    model.train()
+    loss_sum = 0.0
+    for start in range(0, len(batch), micro_batch):
+        micro = batch.rows(slice(start, start + micro_batch))
+        logprobs, _ = trace_logprobs(model, micro, tag_ids, mode, 1.0, vocab_size)  # [b, T-1]
+        loss = -(logprobs * micro.target_mask).sum() / total
+        loss.backward()
+        loss_sum += loss.item()
+    norm, skipped = apply_gradients(model, optimizer, max_grad_norm, scheduler)
+    return {"loss": loss_sum, "grad_norm": norm, "skipped_step": skipped, "tokens": int(total.item())}

@@ -1,0 +1,157 @@
+"""GRPO (grpo.py), SFT (sft.py) and the shared training forward against hand-written formulas."""
+
+import statistics
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanopar.forward import make_batch, trace_logprobs
+from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update, policy_loss
+from nanopar.optim import make_optimizer
+from nanopar.sampler import SamplerSettings, sample
+from nanopar.sft import sft_step
+from nanopar.tags import TagIds
+from nanopar.tiny import tiny_qwen_model
+
+V = 128
+TAGS = TagIds(*range(V - 6, V))
+P, P_, A, A_, S, S_ = TAGS.all()
+PAD = 0
+
+
+def test_advantages_follow_their_definition():
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 2.0, 0.0, 1.0, -3.0])
+    got = group_advantages(rewards, 4)
+    for g in range(3):
+        group = rewards[4 * g : 4 * g + 4].tolist()
+        mean, std = statistics.fmean(group), statistics.pstdev(group)
+        expected = [(r - mean) / (std + 1e-6) for r in group]
+        assert got[4 * g : 4 * g + 4].tolist() == pytest.approx(expected, abs=1e-5)
+    assert group_advantages(rewards, 4, "mean")[8:].tolist() == pytest.approx([2.0, 0.0, 1.0, -3.0])
+    with pytest.raises(Exception, match="do not split into groups of 5"):
+        group_advantages(rewards, 5)
+
+
+def test_policy_loss_equals_the_hand_written_formula():
+    g = torch.Generator().manual_seed(0)
+    new, old, ref = (torch.randn(3, 5, generator=g) * 0.3 - 1 for _ in range(3))
+    adv = torch.tensor([1.5, -0.5, 0.0])
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float)
+    total, clip, beta = 11.0, 0.2, 0.05
+    expected = 0.0
+    for b in range(3):
+        for t in range(5):
+            if mask[b, t]:
+                r = float(torch.exp(new[b, t] - old[b, t]))
+                clipped = min(max(r, 1 - clip), 1 + clip)
+                kl = float(torch.exp(ref[b, t] - new[b, t]) - (ref[b, t] - new[b, t]) - 1)
+                expected += -min(r * adv[b].item(), clipped * adv[b].item()) + beta * kl
+    got = policy_loss(new, old, adv, mask, total, clip, ref, beta)
+    assert got.item() == pytest.approx(expected / total, rel=1e-5)
+    # on-policy (old = new): the loss is -A log pi per token, its gradient the policy gradient
+    x = new.clone().requires_grad_()
+    policy_loss(x, x.detach(), adv, mask, total, clip).backward()
+    assert torch.allclose(x.grad, -adv[:, None] * mask / total)
+
+
+def structured_rollouts(model, seed=0, keep_bias=False):
+    """Rollouts with forks: a bias on the tag logits (left on the model when `keep_bias`)."""
+    bias = torch.zeros(V)
+    bias[list(TAGS.all())] = 2.5
+    handle = model.lm_head.register_forward_hook(lambda m, a, out: out + bias)
+    settings = SamplerSettings(temperature=1.0, max_new_tokens=30, max_path_tokens=6, seed=seed)
+    rollouts = sample(model, [[1, 2, 3], [4, 5, 6, 7]], settings, TAGS, eos_ids=[7], samples_per_prompt=4)
+    if not keep_bias:
+        handle.remove()
+    return rollouts
+
+
+def test_inserted_tokens_and_prompts_get_no_gradient():
+    model = tiny_qwen_model(vocab_size=V)
+    rollouts = structured_rollouts(model)
+    assert any(not all(r.sampled) for r in rollouts)  # the premise: some tokens were inserted
+    batch = make_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
+                       [[float(s) for s in r.sampled] for r in rollouts], PAD)
+    captured = {}
+    model.lm_head.register_forward_hook(lambda m, a, out: captured.setdefault("logits", out).retain_grad())
+    new, _ = trace_logprobs(model, batch, TAGS, "structured")
+    policy_loss(new, new.detach(), torch.ones(len(rollouts)), batch.target_mask, 1.0, 0.2).backward()
+    grad = captured["logits"].grad[:, :-1].abs().sum(-1)  # [B, T-1] gradient reaching each position
+    assert (grad[batch.target_mask == 0] == 0).all()
+    assert (grad[batch.target_mask == 1] > 0).all()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_one_grpo_step_raises_the_probability_of_the_rewarded_token(lora, tmp_path):
+    from nanopar.model import ModelSettings, load_model
+    from nanopar.tiny import char_tokenizer
+
+    tiny_qwen_model(vocab_size=V).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    model, tokenizer = load_model(ModelSettings(str(tmp_path), lora=lora))
+    tags = TagIds.from_tokenizer(tokenizer)
+    prompt = tokenizer.encode("ab", add_special_tokens=False)
+    good = tokenizer.convert_tokens_to_ids("x")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def p_good():
+        with torch.no_grad():
+            return torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1, : len(tokenizer)], -1)[good].item()
+
+    start = p_good()
+    settings = SamplerSettings(temperature=1.0, max_new_tokens=4, seed=0)
+    rollouts = sample(model, [prompt], settings, tags, [tokenizer.eos_token_id], len(tokenizer), samples_per_prompt=16)
+    # reward: the first token is "x"; make sure both outcomes are in the group
+    rollouts[0].ids[0], rollouts[0].logprobs[0] = good, 0.0
+    rewards = torch.tensor([1.0 if r.ids[0] == good else -1.0 for r in rollouts])
+    optimizer, _ = make_optimizer(model, lr=1e-2)
+    metrics = grpo_update(model, optimizer, rollouts, group_advantages(rewards, 16), GRPOSettings(),
+                          tags, "structured", 1.0, len(tokenizer), tokenizer.pad_token_id)
+    assert p_good() > start * 1.2 and metrics["grad_norm"] > 0
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    if lora:
+        assert changed and all("lora_" in n or "trainable_tokens" in n for n in changed)
+    else:
+        assert "model.embed_tokens.weight" in changed
+
+
+def test_grpo_update_reads_the_rollouts_as_the_sampler_did():
+    model = tiny_qwen_model(vocab_size=V)
+    rollouts = structured_rollouts(model, seed=1, keep_bias=True)  # the policy that sampled them
+    assert sum(r.stats.forks for r in rollouts) >= 2
+    optimizer, _ = make_optimizer(model, lr=0.0)
+    metrics = grpo_update(model, optimizer, rollouts, torch.zeros(len(rollouts)), GRPOSettings(micro_batch=3),
+                          TAGS, "structured", 1.0, None, PAD)
+    assert metrics["logprob_gap"] < 1e-5 and metrics["entropy"] > 0
+
+
+def test_reference_is_the_policy_at_its_creation():
+    model = tiny_qwen_model(vocab_size=V)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        original = model(input_ids=ids).logits
+    reference = Reference(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+        moved = model(input_ids=ids).logits
+        with reference.active():
+            assert torch.equal(model(input_ids=ids).logits, original)
+        assert torch.equal(model(input_ids=ids).logits, moved)
+
+
+def test_sft_loss_is_the_mean_cross_entropy_of_response_tokens():
+    model = tiny_qwen_model(vocab_size=V)
+    prompts = [[1, 2, 3], [4, 5]]
+    responses = [[9, 10, 11, 12], [13, 14]]
+    optimizer, _ = make_optimizer(model, lr=0.0)
+    metrics = sft_step(model, optimizer, prompts, responses, TAGS, "causal", PAD, micro_batch=1)
+    losses = []
+    with torch.no_grad():
+        for prompt, response in zip(prompts, responses):
+            ids = torch.tensor(prompt + response)
+            logits = model(input_ids=ids[None]).logits[0]
+            losses += F.cross_entropy(logits[len(prompt) - 1 : -1], ids[len(prompt) :], reduction="none").tolist()
+    assert metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5) and metrics["tokens"] == 6
