@@ -1,11 +1,39 @@
 """Problems: the unit of data every stage reads (SFT traces, RL prompts, evaluation).
 
-(Being written: loading from JSON Lines / hub, prompts, shipped benchmark files.)
+One loader for three kinds of source, all ending as a list of `Problem`:
+
+    load_problems("aime24")                       # a benchmark shipped in nanopar/benchmarks/
+    load_problems("data/my_set.jsonl")             # JSON Lines, one record per line
+    load_problems("prompts.txt")                   # plain text, one question per line, no answers
+    load_problems("openai/gsm8k:main", split="test")   # a hub data set (owner/name[:config])
+
+Shipped benchmarks (offline, see nanopar/benchmarks/README.md): gsm8k (test, 1,319), gsm8k_train
+(7,473), math500, aime24, aime25, amc23. Large training sets (DAPO-Math-17k) are not shipped:
+give a path or a hub name.
+
+Field mapping: the question is the record's "question", "problem" or "prompt" field (the first
+present), the gold answer its "answer" field; name others with `question_field=` /
+`answer_field=` (`answer_field=""`: records without answers, e.g. prompts to sample). The id is
+the record's "id" or "unique_id", else "<name or file stem>:<line>". Every other field lands in
+`Problem.extra`. Bad input is never skipped: a malformed line, a record that is not an object,
+a missing field or a missing file is a one-line `NanoparError` that says where.
+
+`read_jsonl` / `write_jsonl` (atomic) are the plain JSON Lines helpers the trainer and the
+cold-start data generation use. Prompts (instructions + chat template) live in `prompts.py`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import re
+import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from . import NanoparError
 
 
 @dataclass
@@ -15,3 +43,206 @@ class Problem:
     answer: str  # the gold answer as the data set gives it (GSM8K: solution ending "#### 42")
     source: str = ""  # where it came from: a file path, a hub name, "toy-easy", ...
     extra: dict = field(default_factory=dict)  # any other fields of the record (e.g. a teacher trace)
+
+
+BENCHMARK_DIR = Path(__file__).with_name("benchmarks")
+
+# name -> (file in nanopar/benchmarks/, question field, answer field)
+BENCHMARKS: dict[str, tuple[str, str, str]] = {
+    "gsm8k": ("gsm8k_test.jsonl", "question", "answer"),  # answer: worked solution ending "#### N"
+    "gsm8k_train": ("gsm8k_train.jsonl", "question", "answer"),  # same form; stage-1 RL / cold start
+    "math500": ("math500.jsonl", "problem", "answer"),  # answer: LaTeX
+    "aime24": ("aime24.jsonl", "problem", "answer"),  # answer: integer (as text)
+    "aime25": ("aime25.jsonl", "problem", "answer"),
+    "amc23": ("amc23.jsonl", "problem", "answer"),
+}
+
+QUESTION_FIELDS = ("question", "problem", "prompt")  # tried in this order when none is named
+ANSWER_FIELD = "answer"
+ID_FIELDS = ("id", "unique_id")  # a record's own id, when it has one
+HUB_NAME = re.compile(r"^[\w.-]+/[\w.-]+(:[\w.-]+)?$")  # owner/name or owner/name:config
+FILE_SUFFIXES = (".jsonl", ".txt")
+
+
+def load_problems(
+    spec: str,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    limit: int | None = None,
+    split: str = "train",
+) -> list[Problem]:
+    """Problems from a shipped benchmark name, a .jsonl / .txt file, or a hub data set.
+
+    `question_field` / `answer_field` name the record fields (defaults above); `limit` keeps the
+    first N problems; `split` is used for hub data sets only (files have no splits).
+
+    >>> [(p.id, p.answer) for p in load_problems("aime24", limit=2)]
+    [('aime24:1', '204'), ('aime24:2', '113')]
+    """
+    if limit is not None and limit < 0:
+        raise NanoparError(f"limit must be >= 0, not {limit}")
+    if spec in BENCHMARKS:
+        file, default_question, default_answer = BENCHMARKS[spec]
+        path = BENCHMARK_DIR / file
+        answer_field = default_answer if answer_field is None else answer_field
+        return _to_problems(_numbered_jsonl(path), _at(path), spec, spec, question_field or default_question,
+                            answer_field, limit)
+    path = Path(spec)
+    if path.is_file():
+        if path.suffix == ".txt":
+            if question_field or answer_field:
+                raise NanoparError(f"{path}: a .txt file holds questions only; field names apply to .jsonl")
+            lines = ((n, {"question": line}) for n, line in _numbered_lines(path) if line.strip())
+            return _to_problems(lines, _at(path), str(path), path.stem, "question", "", limit)
+        if path.suffix != ".jsonl":
+            raise NanoparError(f"{path}: unsupported file type; use .jsonl (JSON Lines) or .txt (a question a line)")
+        records = _numbered_jsonl(path)
+        return _to_problems(records, _at(path), str(path), path.stem, question_field, answer_field, limit)
+    if HUB_NAME.match(spec) and not spec.endswith(FILE_SUFFIXES) and not path.exists():
+        return _load_hub(spec, question_field, answer_field, limit, split)
+    raise NanoparError(f"benchmark or file not found: {spec} (known benchmarks: {', '.join(BENCHMARKS)})")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every record of a JSON Lines file (blank lines allowed); a bad line is a one-line error."""
+    path = Path(path)
+    if not path.is_file():
+        raise NanoparError(f"file not found: {path}")
+    return [record for _, record in _numbered_jsonl(path)]
+
+
+def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
+    """Write records (dicts or dataclass instances) as JSON Lines, atomically.
+
+    The lines go to a temporary file in the same folder, which then replaces `path` in one
+    step (`os.replace`): a reader never sees half a file, and a failure part-way (say a record
+    that is not JSON-serialisable) leaves `path` as it was. Parent folders are created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # same folder: same file system
+    try:
+        with open(temp, "x", encoding="utf-8") as out:  # "x": never clobber; mode follows the umask
+            for number, record in enumerate(records, 1):
+                if dataclasses.is_dataclass(record) and not isinstance(record, type):
+                    record = dataclasses.asdict(record)
+                if not isinstance(record, dict):  # read_jsonl would refuse the line
+                    raise TypeError(f"{path}: record {number} is a {type(record).__name__}, not a dict")
+                try:
+                    line = json.dumps(record, ensure_ascii=False)
+                except (TypeError, ValueError) as error:
+                    raise TypeError(f"{path}: record {number} is not JSON-serialisable ({error})") from error
+                out.write(line + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    finally:
+        if temp.exists():  # only after a failure
+            temp.unlink()
+    return path
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line without its newline), read lazily."""
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            yield number, line.rstrip("\n").rstrip("\r")
+
+
+def _at(path: Path) -> Callable[[int], str]:
+    """Where line N of a file is, for error messages: "path:N"."""
+    return lambda number: f"{path}:{number}"
+
+
+def _numbered_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) for every non-blank line; raises on a line that is not a JSON object."""
+    for number, line in _numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise NanoparError(f"{path}:{number}: not valid JSON ({error.msg}, column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise NanoparError(f"{path}:{number}: not a JSON object (a {type(record).__name__})")
+        yield number, record
+
+
+def _to_problems(
+    records: Iterable[tuple[int, dict]],
+    where: Callable[[int], str],
+    source: str,
+    name: str,
+    question_field: str | None,
+    answer_field: str | None,
+    limit: int | None,
+) -> list[Problem]:
+    """Map (line or row number, record) pairs to Problems; `where(number)` places errors."""
+    answer_field = ANSWER_FIELD if answer_field is None else answer_field
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}  # id -> where it was first seen
+    for number, record in records:
+        if limit is not None and len(problems) >= limit:
+            break
+        at = where(number)
+        asked = question_field or next((f for f in QUESTION_FIELDS if f in record), None)
+        if asked is None or asked not in record:
+            wanted = question_field or "/".join(QUESTION_FIELDS)
+            raise NanoparError(f"{at}: no {wanted} field (fields there: {_field_list(record)})")
+        if answer_field and answer_field not in record:
+            raise NanoparError(f"{at}: no {answer_field} field (fields there: {_field_list(record)})")
+        id_field = next((f for f in ID_FIELDS if f in record), None)
+        problem_id = _text(record[id_field], id_field, at) if id_field else f"{name}:{number}"
+        if problem_id in seen:
+            raise NanoparError(f"{at}: id {problem_id} repeats the id of {seen[problem_id]}")
+        seen[problem_id] = at
+        used = {asked, answer_field, id_field}
+        problems.append(
+            Problem(
+                id=problem_id,
+                question=_text(record[asked], asked, at),
+                answer=_text(record[answer_field], answer_field, at) if answer_field else "",
+                source=source,
+                extra={k: v for k, v in record.items() if k not in used},
+            )
+        )
+    return problems
+
+
+def _text(value, field_name: str, at: str) -> str:
+    """A field's value as text: strings as they are, numbers written out (AIME answers); else raise."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise NanoparError(f"{at}: field {field_name} is a {type(value).__name__}, not text")
+
+
+def _field_list(record: dict) -> str:
+    return ", ".join(record) if record else "none"
+
+
+def _load_hub(spec: str, question_field, answer_field, limit, split) -> list[Problem]:
+    """A hub data set "owner/name" or "owner/name:config", through the `datasets` library."""
+    name, _, config = spec.partition(":")
+    try:
+        import datasets  # lazily: importing it takes seconds, and only hub data sets need it
+    except ImportError:
+        raise NanoparError(f"the hub data set {spec} needs the datasets package: pip install datasets") from None
+    try:
+        rows = datasets.load_dataset(name, config or None, split=split)
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as error:
+        # ConnectionError (offline), DatasetNotFoundError, an unknown split or config, ...
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise NanoparError(f"could not load the hub data set {spec} (split {split}): {reason}") from None
+    if limit is not None:
+        rows = rows.select(range(min(limit, len(rows))))
+
+    def where(number: int) -> str:
+        return f"{spec} ({split} split) row {number}"
+
+    source = f"{spec}[{split}]"
+    return _to_problems(enumerate(rows, 1), where, source, spec, question_field, answer_field, limit)

@@ -1,0 +1,107 @@
+"""Prompts: the instructions a model reads, the chat template around them, and when it stops.
+
+Where the text goes: the instructions and the question form one *user* message, instructions
+first, a blank line, then the question (an optional `system` message goes before it). With a
+chat template (Qwen's), the rendered prompt ends with the assistant header
+`<|im_start|>assistant\\n`, so the model's first sampled token starts its answer. Without one (the
+toy world's character tokenizer, a base model with `chat=False`) the prompt is plain text:
+
+    {instructions}
+
+    {question}
+
+Two instruction sets:
+  PARALLEL_INSTRUCTIONS  elicit parallel thinking in the tags of a `TagSchema` (Parallel-R1's by
+                         default; `parallel_instructions(schema)` words them for another schema).
+                         Our own wording of the idea of Parallel-R1's elicitation prompt.
+  PLAIN_INSTRUCTIONS     step by step, no tags: the accuracy-only baselines.
+Both end with a line `Final Answer: ...`, the answer convention of Parallel-R1.
+The tags in a prompt are single tokens once `model.add_tag_tokens` has run; the layout reads a
+prompt as plain text either way.
+"""
+
+from __future__ import annotations
+
+from .data import Problem
+from .tags import PARALLEL_R1, TagSchema
+
+
+def parallel_instructions(schema: TagSchema = PARALLEL_R1) -> str:
+    """The parallel-thinking instructions, worded with `schema`'s tags (plain ASCII)."""
+    s = schema
+    return (
+        "Work through the problem below step by step.\n"
+        "\n"
+        "Some steps are easier to get right when you look at them in more than one way: "
+        "two different methods, separate cases, or an independent check of a result. "
+        "At such a step, think in parallel:\n"
+        f"1. Write {s.parallel_open}.\n"
+        f"2. Write two or more paths, each as {s.path_open} ... {s.path_close}. "
+        "The paths are written at the same time and none can see the others, so each one "
+        "must stand on its own: never refer to another path or to an order between them.\n"
+        f"3. Write {s.parallel_close}.\n"
+        f"4. Right after it, write {s.summary_open} ... {s.summary_close}: a short account of "
+        "what the paths found, where they agree and which result to carry on with.\n"
+        "Then continue the solution.\n"
+        "\n"
+        "Decide for yourself where parallel thinking helps: use it at the steps that gain from "
+        "it, as often as the problem needs, and reason normally elsewhere.\n"
+        "\n"
+        "End your response with a line of the form\n"
+        "Final Answer: <your answer>"
+    )
+
+
+PARALLEL_INSTRUCTIONS = parallel_instructions()
+
+PLAIN_INSTRUCTIONS = (
+    "Work through the problem below step by step, showing your reasoning.\n"
+    "\n"
+    "End your response with a line of the form\n"
+    "Final Answer: <your answer>"
+)
+
+
+def build_prompt(
+    problem: Problem | str,
+    tokenizer,
+    instructions: str = PARALLEL_INSTRUCTIONS,
+    system: str | None = None,
+    chat: bool = True,
+) -> list[int]:
+    """The token ids of the prompt for one problem (a `Problem` or the question text).
+
+    `instructions=""` sends the bare question. `system` is a system message (chat form only);
+    `None` leaves the template's default (Qwen2.5 adds its own, Qwen3 none).
+
+    >>> from nanopar.tiny import char_tokenizer
+    >>> tokenizer = char_tokenizer()
+    >>> tokenizer.decode(build_prompt("1+1?", tokenizer, instructions="Add."))
+    'Add.\\n\\n1+1?\\n'
+    """
+    question = problem.question if isinstance(problem, Problem) else problem
+    content = f"{instructions}\n\n{question}" if instructions else question
+    if chat and getattr(tokenizer, "chat_template", None):
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": content}
+        ]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = content + "\n"
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    """Token ids that end a response: the tokenizer's EOS, the model's generation-config EOS ids
+    and, when the chat template closes turns with `<|im_end|>`, that token (Qwen chat: <|im_end|>
+    151645 and <|endoftext|> 151643). The last covers a base model prompted in chat form, whose
+    generation config knows only <|endoftext|>. `model` may be None.
+    """
+    ids = {tokenizer.eos_token_id}
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(config_eos) if isinstance(config_eos, (list, tuple)) else {config_eos}
+    if "<|im_end|>" in (getattr(tokenizer, "chat_template", None) or ""):
+        end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if end_of_turn != tokenizer.unk_token_id:
+            ids.add(end_of_turn)
+    return sorted(i for i in ids if i is not None)

@@ -1,0 +1,306 @@
+"""Data and prompts: shipped benchmarks, the field mapping, every bad-input error, atomic JSONL,
+and prompts rendered by the real (offline) Qwen tokenizer and by the toy character tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from nanopar import NanoparError
+from nanopar.data import BENCHMARK_DIR, BENCHMARKS, Problem, load_problems, read_jsonl, write_jsonl
+from nanopar.prompts import PARALLEL_INSTRUCTIONS, PLAIN_INSTRUCTIONS, build_prompt, parallel_instructions, stop_ids
+from nanopar.tags import PARALLEL_R1, TagSchema
+
+ROWS = {"gsm8k": 1319, "gsm8k_train": 7473, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40}
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+# --------------------------------------------------------------------------- shipped benchmarks
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_shipped_benchmark_rows(name):
+    problems = load_problems(name)
+    assert len(problems) == ROWS[name]
+    assert all(p.question.strip() and p.answer.strip() for p in problems)
+    assert len({p.id for p in problems}) == len(problems)
+    assert all(p.source == name for p in problems)
+
+
+def test_benchmarks_table_matches_the_shipped_files():
+    assert set(BENCHMARKS) == set(ROWS)
+    for file, _, _ in BENCHMARKS.values():
+        assert (BENCHMARK_DIR / file).is_file()
+    assert sorted(p.name for p in (BENCHMARK_DIR / "licenses").iterdir()) == [
+        "gsm8k-MIT.txt", "native-parallel-reasoner-MIT.txt", "parallel-r1-MIT.txt",
+        "qwen2.5-math-evaluation-MIT.txt",
+    ]
+
+
+def test_ids_extra_and_limit():
+    math = load_problems("math500", limit=3)
+    assert len(math) == 3
+    assert math[0].id == "test/precalculus/807.json"  # the record's own unique_id
+    assert set(math[0].extra) == {"solution", "subject", "level"}  # question/answer/id are not repeated
+    aime = load_problems("aime25", limit=2)
+    assert [p.id for p in aime] == ["aime25:1", "aime25:2"] and aime[0].answer == "70" and aime[0].extra == {}
+    gsm = load_problems("gsm8k", limit=1)[0]
+    assert gsm.question.startswith("Janet") and gsm.answer.rstrip().endswith("#### 18")
+    assert load_problems("amc23", limit=0) == []
+    with pytest.raises(NanoparError, match="limit"):
+        load_problems("amc23", limit=-1)
+
+
+# --------------------------------------------------------------------------- files and field mapping
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_jsonl_file_default_and_named_fields(tmp_path):
+    path = write_lines(tmp_path / "set.jsonl", [
+        json.dumps({"prompt": "What is 2+2?", "answer": 4, "level": 1}),
+        "",  # blank lines are allowed
+        json.dumps({"prompt": "What is 3+3?", "answer": "6", "id": 17}),
+    ])
+    problems = load_problems(str(path))
+    assert problems == [
+        Problem("set:1", "What is 2+2?", "4", str(path), {"level": 1}),  # a number answer becomes text
+        Problem("17", "What is 3+3?", "6", str(path), {}),
+    ]
+    mapped = write_lines(tmp_path / "mapped.jsonl", [json.dumps({"q": "Q?", "gold": "A", "answer": "x"})])
+    (problem,) = load_problems(str(mapped), question_field="q", answer_field="gold")
+    assert (problem.question, problem.answer, problem.extra) == ("Q?", "A", {"answer": "x"})
+    (no_answer,) = load_problems(str(mapped), question_field="q", answer_field="")  # prompts only
+    assert no_answer.answer == "" and no_answer.extra == {"gold": "A", "answer": "x"}
+
+
+def test_question_field_order(tmp_path):
+    path = write_lines(tmp_path / "order.jsonl", [json.dumps({"prompt": "c", "problem": "b", "question": "a", "answer": "0"})])
+    assert load_problems(str(path))[0].question == "a"  # question, then problem, then prompt
+
+
+def test_text_file_is_questions_only(tmp_path):
+    path = write_lines(tmp_path / "prompts.txt", ["What is 17 * 23?", "", "Name a prime."])
+    problems = load_problems(str(path))
+    assert [(p.id, p.question, p.answer) for p in problems] == [
+        ("prompts:1", "What is 17 * 23?", ""), ("prompts:3", "Name a prime.", "")
+    ]
+
+
+def test_missing_field_names_it_and_lists_the_present_ones(tmp_path):
+    path = write_lines(tmp_path / "set.jsonl", [
+        json.dumps({"problem": "ok", "answer": "1"}),
+        json.dumps({"problem": "no answer here", "solution": "2", "level": 3}),
+    ])
+    with pytest.raises(NanoparError) as error:
+        load_problems(str(path))
+    assert one_line(error) == f"{path}:2: no answer field (fields there: problem, solution, level)"
+    with pytest.raises(NanoparError) as error:
+        load_problems(str(path), question_field="query")
+    assert one_line(error) == f"{path}:1: no query field (fields there: problem, answer)"
+    nothing = write_lines(tmp_path / "nothing.jsonl", [json.dumps({"text": "x", "answer": "1"})])
+    with pytest.raises(NanoparError) as error:
+        load_problems(str(nothing))
+    assert one_line(error) == f"{nothing}:1: no question/problem/prompt field (fields there: text, answer)"
+    with pytest.raises(NanoparError, match="no foo field .*fields there: question, answer"):
+        load_problems("gsm8k", answer_field="foo")  # a shipped set maps fields the same way
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"problem": "x", "answer": ', r":2: not valid JSON \(Expecting value"),
+        ('["problem", "answer"]', r":2: not a JSON object \(a list\)"),
+        ('{"problem": ["a", "list"], "answer": "1"}', r":2: field problem is a list, not text"),
+        ('{"problem": "x", "answer": "1", "id": "a"}', r":2: id a repeats the id of .*:1"),
+    ],
+)
+def test_bad_lines_name_file_and_line(tmp_path, line, message):
+    path = write_lines(tmp_path / "bad.jsonl", ['{"problem": "x", "answer": "1", "id": "a"}', line, "{}"])
+    with pytest.raises(NanoparError) as error:
+        load_problems(str(path))
+    assert one_line(error).startswith(str(path))
+    assert error.match(message)
+    if "JSON" in message:  # read_jsonl has the same rules
+        with pytest.raises(NanoparError, match=f"^{str(path)}{message}"):
+            read_jsonl(path)
+
+
+def test_missing_file_or_unknown_name(tmp_path):
+    for spec in ("gsm8K", str(tmp_path / "nope.jsonl"), "data/nope.jsonl", str(tmp_path)):
+        with pytest.raises(NanoparError) as error:
+            load_problems(spec)
+        assert one_line(error) == (
+            f"benchmark or file not found: {spec} (known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23)"
+        )
+    (tmp_path / "set.json").write_text("{}")
+    with pytest.raises(NanoparError, match="unsupported file type"):
+        load_problems(str(tmp_path / "set.json"))
+    with pytest.raises(NanoparError, match="^file not found: "):
+        read_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_importing_nanopar_data_does_not_import_datasets():
+    code = "import sys, nanopar.data, nanopar.prompts; assert 'datasets' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_hub_name_offline_is_a_one_line_error(tmp_path):
+    # A fresh process with the offline flags set before `datasets` / `huggingface_hub` are
+    # imported (both read them once at import), and an empty cache: no network, no retries.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    code = (
+        "from nanopar import NanoparError\n"
+        "from nanopar.data import load_problems\n"
+        "try:\n"
+        "    load_problems('nanopar-test/no-such-set', split='test')\n"
+        "except NanoparError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
+    assert "\n" not in message
+    assert message.startswith("could not load the hub data set nanopar-test/no-such-set (split test): ")
+
+
+# --------------------------------------------------------------------------- JSON Lines helpers
+
+
+@dataclass
+class Row:
+    name: str
+    value: float
+
+
+def test_write_read_round_trip(tmp_path):
+    records = [{"a": 1, "text": "Janet’s ducks", "nested": {"x": [1, 2]}}, {}, Row("r", 0.5)]
+    path = write_jsonl(tmp_path / "deep" / "out.jsonl", records)  # parent folders are created
+    assert path == tmp_path / "deep" / "out.jsonl"
+    assert read_jsonl(path) == records[:2] + [{"name": "r", "value": 0.5}]
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 3
+    assert os.listdir(path.parent) == ["out.jsonl"]  # no temporary file left behind
+
+
+def test_write_is_atomic(tmp_path):
+    path = tmp_path / "out.jsonl"
+    with pytest.raises(TypeError, match="record 2 is not JSON-serialisable"):
+        write_jsonl(path, [{"ok": 1}, {"bad": {1, 2}}])
+    assert not path.exists() and os.listdir(tmp_path) == []  # no partial file, no temporary file
+    write_jsonl(path, [{"old": 1}])
+    with pytest.raises(TypeError, match="record 3 is a list, not a dict"):
+        write_jsonl(path, [{"new": 1}, {"new": 2}, ["not", "a", "record"]])
+    assert read_jsonl(path) == [{"old": 1}] and os.listdir(tmp_path) == ["out.jsonl"]
+
+    def records():  # a failure in the middle of a stream of records
+        yield {"new": 1}
+        raise RuntimeError("generator failed")
+
+    with pytest.raises(RuntimeError):
+        write_jsonl(path, records())
+    assert read_jsonl(path) == [{"old": 1}] and os.listdir(tmp_path) == ["out.jsonl"]
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from nanopar.model import add_tag_tokens, offline_qwen_tokenizer
+
+    tokenizer = offline_qwen_tokenizer()
+    return tokenizer, add_tag_tokens(tokenizer)
+
+
+def test_parallel_instructions_use_the_schema():
+    for tag in PARALLEL_R1.all():
+        assert tag in PARALLEL_INSTRUCTIONS
+    assert PARALLEL_INSTRUCTIONS.rstrip().endswith("Final Answer: <your answer>")
+    assert PLAIN_INSTRUCTIONS.rstrip().endswith("Final Answer: <your answer>") and "<Path>" not in PLAIN_INSTRUCTIONS
+    other = TagSchema("<fork>", "</fork>", "<branch>", "</branch>", "<join>", "</join>")
+    text = parallel_instructions(other)
+    assert all(tag in text for tag in other.all()) and not any(tag in text for tag in PARALLEL_R1.all())
+    assert (PARALLEL_INSTRUCTIONS + PLAIN_INSTRUCTIONS).isascii()  # the char tokenizer can read them
+
+
+def test_build_prompt_qwen_chat(qwen):
+    tokenizer, tag_ids = qwen
+    problem = load_problems("aime24", limit=1)[0]
+    ids = build_prompt(problem, tokenizer)
+    text = tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>user\n" + PARALLEL_INSTRUCTIONS + "\n\n" + problem.question)
+    assert text.endswith(problem.question + "<|im_end|>\n<|im_start|>assistant\n")
+    assert ids[-3:] == tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    assert ids[0] == 151644  # <|im_start|>, a single token
+    assert tag_ids.all() == tuple(range(151669, 151675))
+    for tag_id in tag_ids.all():  # each tag is one token in the prompt, not split into pieces
+        assert tag_id in ids
+    with_system = tokenizer.decode(build_prompt("2+2?", tokenizer, PLAIN_INSTRUCTIONS, system="Be brief."))
+    assert with_system.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n" + PLAIN_INSTRUCTIONS)
+    plain = build_prompt("2+2?", tokenizer, instructions="", chat=False)  # chat=False: plain text even here
+    assert tokenizer.decode(plain) == "2+2?\n"
+
+
+def test_build_prompt_char_tokenizer_is_plain_text():
+    from nanopar.tiny import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    problem = Problem("t:1", "What is 2+3?", "5")
+    ids = build_prompt(problem, tokenizer)  # no chat template: the plain form
+    assert tokenizer.decode(ids) == PARALLEL_INSTRUCTIONS + "\n\nWhat is 2+3?\n"
+    assert len(ids) == len(PARALLEL_INSTRUCTIONS) + len("\n\nWhat is 2+3?\n")  # one token per character
+    assert tokenizer.unk_token_id not in ids
+
+
+def test_stop_ids(qwen):
+    from nanopar.tiny import char_tokenizer
+
+    tokenizer, _ = qwen
+    assert stop_ids(None, tokenizer) == [151645]  # <|im_end|>: the tokenizer's EOS
+    base = type("Model", (), {"generation_config": type("Config", (), {"eos_token_id": 151643})()})()
+    assert stop_ids(base, tokenizer) == [151643, 151645]  # + the model's <|endoftext|>
+    instruct = type("Model", (), {"generation_config": type("Config", (), {"eos_token_id": [151645, 151643]})()})()
+    assert stop_ids(instruct, tokenizer) == [151643, 151645]
+    assert stop_ids(None, char_tokenizer()) == [0]
+
+
+def test_hub_rows_map_like_file_records(monkeypatch):
+    """The hub path without the hub: a stand-in `datasets` module returns rows (plain dicts)."""
+    import types
+
+    class Rows(list):  # what load_dataset(..., split=...) returns, as far as data.py uses it
+        def select(self, indices):
+            return Rows(self[i] for i in indices)
+
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return Rows([{"question": "Q1", "answer": "1", "n": 1}, {"question": "Q2", "answer": 2}, {"oops": 3}])
+
+    fake = types.SimpleNamespace(load_dataset=load_dataset, exceptions=types.SimpleNamespace(DatasetsError=RuntimeError))
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    problems = load_problems("someone/some-set:main", split="test", limit=2)
+    assert calls == [("someone/some-set", "main", "test")]
+    assert problems == [
+        Problem("someone/some-set:main:1", "Q1", "1", "someone/some-set:main[test]", {"n": 1}),
+        Problem("someone/some-set:main:2", "Q2", "2", "someone/some-set:main[test]", {}),
+    ]
+    with pytest.raises(NanoparError) as error:
+        load_problems("someone/some-set")
+    assert one_line(error) == (
+        "someone/some-set (train split) row 3: no question/problem/prompt field (fields there: oops)"
+    )
