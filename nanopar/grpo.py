@@ -85,8 +85,14 @@ class Reference:
     the SFT adapter (what the KL should hold on to), never the bare base model.
     """
 
-    def __init__(self, model):
-        self.pairs = [(p, p.detach().clone()) for p in model.parameters() if p.requires_grad]
+    def __init__(self, model, values: list[torch.Tensor] | None = None):
+        """Snapshot `model`'s trainable parameters now, or take `values` (in the same order),
+        e.g. those of the stage's input model when a run resumes from a later checkpoint."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        values = values if values is not None else [p.detach().clone() for p in params]
+        if len(values) != len(params) or any(v.shape != p.shape for p, v in zip(params, values)):
+            raise NanoparError("reference values do not match the model's trainable parameters")
+        self.pairs = list(zip(params, values))
 
     @contextlib.contextmanager
     def active(self):

@@ -23,6 +23,7 @@ prompt as plain text either way.
 from __future__ import annotations
 
 from .data import Problem
+from . import NanoparError
 from .tags import PARALLEL_R1, TagSchema
 
 
@@ -60,6 +61,16 @@ PLAIN_INSTRUCTIONS = (
     "End your response with a line of the form\n"
     "Final Answer: <your answer>"
 )
+
+
+INSTRUCTIONS = {"parallel": PARALLEL_INSTRUCTIONS, "plain": PLAIN_INSTRUCTIONS, "none": ""}  # by flag value
+
+
+def instructions_named(name: str) -> str:
+    """The instructions a flag names ("parallel", "plain", "none")."""
+    if name not in INSTRUCTIONS:
+        raise NanoparError(f"unknown instructions {name!r}: use one of {', '.join(INSTRUCTIONS)}")
+    return INSTRUCTIONS[name]
 
 
 def build_prompt(

@@ -2,7 +2,8 @@
 
 Used by sample.py, and by training to print a sample trace now and then. Text is decoded span by
 span from the token ids, so what you see is exactly what the sampler and the layout read.
-Also `rollout_record`, the machine-readable form of a rollout (sample.py --json, eval files).
+Also `rollout_record`, the machine-readable form of a rollout (sample.py --json, eval files),
+and `response_text`, the text rewards grade.
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from .trace import trace_stats
+
+
+def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
+    """The response as rewards read it: tags kept, a final EOS token dropped."""
+    ids = rollout.ids[:-1] if rollout.ids and rollout.ids[-1] in eos_ids else rollout.ids
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _text(tokenizer, ids: list[int], limit: int) -> str:

@@ -29,7 +29,7 @@ def test_cli_draws_trees_and_writes_consistent_json(tmp_path):
     assert len(records) == 3
     tokenizer = char_tokenizer()
     for record in records:
-        assert record["prompt"] == "12 + 30 =" and record["stats"]["new_tokens"] == len(record["ids"])
+        assert record["prompt"] == "12 + 30 =\n" and record["stats"]["new_tokens"] == len(record["ids"])
         assert record["stats"]["sampled_tokens"] == sum(record["sampled"]) <= 48
         blocks = parse_trace(record["text"]).blocks
         assert len(blocks) == len(record["structure"]["blocks"]) == record["stats"]["forks"]
@@ -40,7 +40,7 @@ def test_cli_draws_trees_and_writes_consistent_json(tmp_path):
 def test_prompts_from_text_and_jsonl_files(tmp_path):
     (tmp_path / "p.txt").write_text("1+1=\n\n2+2=\n")
     (tmp_path / "p.jsonl").write_text('{"problem": "3+3="}\n{"question": "4+4=", "answer": "8"}\n')
-    for name, expected in (("p.txt", ["1+1=", "2+2="]), ("p.jsonl", ["3+3=", "4+4="])):
+    for name, expected in (("p.txt", ["1+1=\n", "2+2=\n"]), ("p.jsonl", ["3+3=\n", "4+4=\n"])):
         records = sample.main(["--model", "tiny:qwen2", "--prompts-file", str(tmp_path / name),
                                "--max-new-tokens", "8", "--json", str(tmp_path / "o.json")])
         assert [r["prompt"] for r in records] == expected
@@ -49,7 +49,7 @@ def test_prompts_from_text_and_jsonl_files(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--model", "tiny:qwen3", "--prompts-file", "missing.jsonl"], "prompts file not found: missing.jsonl"),
+        (["--model", "tiny:qwen3", "--prompts-file", "missing.jsonl"], "benchmark or file not found: missing.jsonl (known benchmarks: gsm8k"),
         (["--model", "tiny:qwen4", "--prompt", "x"], "unknown tiny model 'tiny:qwen4': use tiny:qwen2 or tiny:qwen3"),
         (["--prompt", "x"], "--model is required"),
         (["--model", "tiny:qwen3", "--prompt", "x", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
@@ -73,7 +73,7 @@ def test_broken_jsonl_line_names_file_and_line(tmp_path):
     with pytest.raises(Exception, match=r"p.jsonl:2: not valid JSON"):
         sample.main(["--model", "tiny:qwen3", "--prompts-file", str(path)])
     path.write_text('{"text": "3+3="}\n')
-    with pytest.raises(Exception, match=r"p.jsonl:1: no prompt/problem/question field"):
+    with pytest.raises(Exception, match=r"p.jsonl:1: no question/problem/prompt field"):
         sample.main(["--model", "tiny:qwen3", "--prompts-file", str(path)])
 
 

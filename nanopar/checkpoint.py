@@ -1,0 +1,83 @@
+"""Checkpoints that are either complete or absent, and resuming from the latest one.
+
+A checkpoint is a folder `checkpoint-<step>/` with the model (LoRA adapter + tag rows, or the
+full model), its tokenizer, `trainer_state.pt` (optimiser, scheduler, step, RNG states) and the
+run's config. It is written under a temporary name and renamed into place only when every file
+is there, so a crash or a Ctrl-C mid-write leaves no folder that looks like a checkpoint. The
+stage's result is the same kind of folder, named `final/`; the next stage loads it as a model.
+Not here: what a stage does with its state (train.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from .model import save_checkpoint_model
+
+STATE = "trainer_state.pt"
+
+
+def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, scheduler=None, step: int = 0,
+                    config: dict | None = None) -> Path:
+    """Write a complete checkpoint at `folder` (replacing an older one of the same name)."""
+    folder = Path(folder)
+    temporary = folder.with_name(f".{folder.name}.incomplete-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    save_checkpoint_model(model, tokenizer, str(temporary))
+    torch.save(
+        {
+            "step": step,
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        },
+        temporary / STATE,
+    )
+    (temporary / "run_config.json").write_text(json.dumps(config or {}, indent=2) + "\n")
+    if folder.exists():  # replace: move the old one aside first, so one complete copy always exists
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        os.replace(folder, old)
+        os.replace(temporary, folder)
+        shutil.rmtree(old)
+    else:
+        os.replace(temporary, folder)
+    return folder
+
+
+def latest_checkpoint(stage_folder: str | Path) -> Path | None:
+    """The complete `checkpoint-<step>` with the highest step in a stage folder, or None."""
+    steps = []
+    for path in Path(stage_folder).glob("checkpoint-*"):
+        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+        if match and (path / STATE).is_file():
+            steps.append((int(match.group(1)), path))
+    return max(steps)[1] if steps else None
+
+
+def load_trainer_state(folder: str | Path, optimizer=None, scheduler=None) -> int:
+    """Restore optimiser, scheduler and RNG states from a checkpoint; return its step."""
+    state = torch.load(Path(folder) / STATE, weights_only=False)
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    return state["step"]
+
+
+def prune_checkpoints(stage_folder: str | Path, keep: int) -> None:
+    """Remove all but the `keep` most recent complete checkpoints (0 = keep all)."""
+    if keep <= 0:
+        return
+    found = sorted((int(p.name.split("-")[1]), p) for p in Path(stage_folder).glob("checkpoint-*")
+                   if re.fullmatch(r"checkpoint-\d+", p.name))
+    for _, path in found[:-keep]:
+        shutil.rmtree(path)

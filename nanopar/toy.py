@@ -1,0 +1,338 @@
+"""The toy world: a Countdown-style task, its exact checker, a programmatic teacher, a tokenizer.
+
+The task: reach a target from a few numbers with + - *, each number used exactly once.
+
+    question  "numbers 3 7 12 target 33"          answer  "(7*3)+12"
+
+  easy  3 numbers (the GSM8K analogue)     hard  4 numbers (the DAPO analogue)
+  numbers 1..15; every intermediate result (and so the target) a positive integer <= 150; no
+  division, so every route stays in the integers. The target is the value of a random legal
+  *route* (a sequence of steps, each combining two of the numbers left), so every problem has a
+  solution. Trying several routes side by side genuinely helps: an easy problem has <= 27 legal
+  routes and on average ~11% of them reach the target; a hard one ~290 routes, ~4% of them.
+
+Split: a problem belongs to the held-out split when a checksum of (sorted numbers, target) is
+0 mod 10, so `make_problems` (training, any seed; repeats allowed) and `heldout` (fixed seed,
+distinct problems) can never share a problem, whatever seeds are used.
+
+Checking: `check_countdown` parses the answer with a small recursive-descent parser (never
+`eval`): digits, + - * and parentheses, usual precedence, no unary minus. It checks the numbers
+and the value only; intermediates of the answer are not held to the generator's bound.
+
+The teacher writes one line per attempt, the comparison with the target written out (without
+it the feasibility study's model learned the arithmetic but said "yes" to wrong values), and
+stops after the attempt that checks out, which is the problem's own route (`extra["steps"]`);
+the other attempts are random legal routes that miss:
+
+    sequential  12-7=5,5*3=15vs33no        parallel (easy only)  <Parallel><Path>12-7=5,5*3=15vs33no</Path>
+                7*3=21,21+12=33vs33yes                           <Path>7*3=21,21+12=33vs33yes</Path>...</Parallel>
+                Final Answer: (7*3)+12                           <Summary>7*3=21,21+12=33vs33yes</Summary>
+                                                                 Final Answer: (7*3)+12
+Lengths in `toy_tokenizer` tokens (600 traces each): easy sequential mean ~59 / max ~105, hard
+sequential ~70 / ~122, easy parallel ~94 / ~120; tests/test_toy.py holds them <= 130.
+Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
+alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\\n").
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from dataclasses import dataclass
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from .data import Problem
+from .model import add_tag_tokens
+from .tags import PARALLEL_R1
+from .tiny import tiny_qwen_config
+
+
+@dataclass(frozen=True)
+class Level:
+    count: int  # how many numbers
+    attempts: int  # K of the sequential teacher: the correct route sits at a random attempt 1..K
+    low: int = 1  # smallest number
+    high: int = 15  # largest number
+    bound: int = 150  # every intermediate result lies in 1..bound
+
+
+LEVELS = {"easy": Level(count=3, attempts=4), "hard": Level(count=4, attempts=3)}
+PARALLEL_PATHS = 3  # K of the parallel teacher: paths per block (the sampler should fork as many)
+HELDOUT_SEED = 1_000_000_007  # the held-out generator's seed (the split itself is by checksum)
+FINAL = "Final Answer:"
+
+
+# --------------------------------------------------------------------------- the task
+
+
+@dataclass(frozen=True)
+class Route:
+    steps: tuple[str, ...]  # ("7*3=21", "21+12=33"): larger operand first, so each route has one text
+    value: int  # the value of the last step
+    expression: str  # the same route as one expression: "(7*3)+12"
+
+
+def routes(numbers, bound: int = 150) -> list[Route]:
+    """Every legal route over `numbers` (intermediates in 1..bound), without duplicates.
+
+    >>> [r.steps for r in routes([2, 3])]
+    [('3+2=5',), ('3-2=1',), ('3*2=6',)]
+    >>> all_routes = routes([3, 7, 12])  # 3 pairs x 3 ops x 3 ops, less 3 products over 150
+    >>> len(all_routes), [(r.steps, r.expression) for r in all_routes if r.value == 33]
+    (24, [(('7*3=21', '21+12=33'), '(7*3)+12')])
+    """
+    states = [(tuple((n, str(n)) for n in sorted(numbers)), ())]  # (pool of (value, expression), steps)
+    for _ in range(len(numbers) - 1):  # each step replaces two items of the pool by one
+        states = [(after, steps + (step,)) for pool, steps in states for step, after in _moves(pool, bound)]
+    found = {steps: Route(steps, pool[0][0], pool[0][1][1:-1]) for pool, steps in reversed(states)}
+    return list(reversed(found.values()))  # the first of duplicates (from repeated numbers), in order
+
+
+def _moves(pool: tuple[tuple[int, str], ...], bound: int):
+    """Every legal step on a pool of (value, expression): (step text, the pool after it)."""
+    for i in range(len(pool)):
+        for j in range(i + 1, len(pool)):
+            (a, ea), (b, eb) = sorted((pool[i], pool[j]), key=lambda item: -item[0])  # a >= b
+            rest = pool[:i] + pool[i + 1:j] + pool[j + 1:]
+            for op, value in (("+", a + b), ("-", a - b), ("*", a * b)):
+                if 0 < value <= bound:
+                    yield f"{a}{op}{b}={value}", rest + ((value, f"({ea}{op}{eb})"),)
+
+
+def random_route(numbers, bound: int, rng: random.Random) -> Route:
+    """A random legal route, built step by step (each step uniform over the legal steps); a walk
+    that gets stuck (say at 150 and 150) starts again. Needs one legal route (all "+" is, here)."""
+    pool, steps = tuple((n, str(n)) for n in numbers), ()
+    while len(pool) > 1:
+        moves = list(_moves(pool, bound))
+        if not moves:
+            pool, steps = tuple((n, str(n)) for n in numbers), ()
+            continue
+        step, pool = rng.choice(moves)
+        steps += (step,)
+    return Route(steps, pool[0][0], pool[0][1][1:-1])
+
+
+def is_heldout(numbers, target: int) -> bool:
+    """The split: held out when crc32("sorted numbers>target") is 0 mod 10 (about 10% of problems)."""
+    return zlib.crc32(f"{sorted(numbers)}>{target}".encode()) % 10 == 0
+
+
+def make_problems(level: str, n: int, seed: int, split: str = "train") -> list[Problem]:
+    """`n` problems of a level ("easy" | "hard") from `seed`; the same seed gives the same list.
+
+    Numbers are uniform in the level's range, shown in the order drawn; the target is the value of
+    a `random_route`, whose expression is the answer. Training problems may repeat.
+
+    >>> p = make_problems("easy", 1, seed=0)[0]
+    >>> p.question, p.answer, p.extra["steps"]
+    ('numbers 5 9 8 target 12', '(9+8)-5', ['9+8=17', '17-5=12'])
+    """
+    spec = LEVELS[level]
+    rng, problems = random.Random(seed), []
+    while len(problems) < n:
+        numbers = [rng.randint(spec.low, spec.high) for _ in range(spec.count)]
+        route = random_route(numbers, spec.bound, rng)
+        if is_heldout(numbers, route.value) != (split == "heldout"):
+            continue
+        problems.append(Problem(
+            id=f"toy-{level}:{seed}:{len(problems)}",
+            question=f"numbers {' '.join(map(str, numbers))} target {route.value}",
+            answer=route.expression,
+            source=f"toy-{level}",
+            extra={"numbers": numbers, "target": route.value, "level": level, "checker": "countdown",
+                   "steps": list(route.steps)},  # the answer as steps: the teacher's attempt that checks out
+        ))
+    return problems
+
+
+def heldout(level: str, n: int = 200) -> list[Problem]:
+    """The fixed held-out split of a level: `n` distinct problems no training seed can produce."""
+    seen, kept = set(), []
+    for p in make_problems(level, 4 * n, HELDOUT_SEED, split="heldout"):
+        key = (tuple(sorted(p.extra["numbers"])), p.extra["target"])
+        if key not in seen:
+            seen.add(key)
+            p.id = f"toy-{level}-heldout:{len(kept)}"
+            kept.append(p)
+    if len(kept) < n:
+        raise ValueError(f"only {len(kept)} distinct held-out {level} problems were drawn, not {n}")
+    return kept[:n]
+
+
+# --------------------------------------------------------------------------- checking
+
+
+_TOKEN = re.compile(r"\s*(?:([0-9]+)|([-+*()]))")  # a number or an operator/parenthesis
+MAX_ANSWER_CHARS = 200  # longer answers are wrong (and keep the parser's recursion shallow)
+
+
+def evaluate(expression: str) -> tuple[int, list[int]]:
+    """(value, numbers used) of an expression of integers, + - * and parentheses; ValueError if malformed.
+
+    >>> evaluate("(3*7)+12"), evaluate("12+3*7"), evaluate("2-3")
+    ((33, [3, 7, 12]), (33, [12, 3, 7]), (-1, [2, 3]))
+    """
+    if len(expression) > MAX_ANSWER_CHARS:
+        raise ValueError(f"longer than {MAX_ANSWER_CHARS} characters")
+    tokens, at = [], 0
+    while at < len(expression.rstrip()):
+        match = _TOKEN.match(expression, at)
+        if not match:
+            raise ValueError(f"unexpected {expression[at:].strip()[:10]!r}")
+        if match.group(1) and match.group(1) != str(int(match.group(1))):
+            raise ValueError(f"number with a leading zero: {match.group(1)}")
+        tokens.append(match.group(1) or match.group(2))
+        at = match.end()
+    used: list[int] = []
+    value, at = _sum(tokens, 0, used)
+    if at != len(tokens):
+        raise ValueError(f"unexpected {tokens[at]!r}" if at < len(tokens) else "empty")
+    return value, used
+
+
+def _sum(tokens, at, used):  # sum := product (("+" | "-") product)*
+    value, at = _product(tokens, at, used)
+    while at < len(tokens) and tokens[at] in "+-":
+        right, next_at = _product(tokens, at + 1, used)
+        value, at = (value + right if tokens[at] == "+" else value - right), next_at
+    return value, at
+
+
+def _product(tokens, at, used):  # product := atom ("*" atom)*
+    value, at = _atom(tokens, at, used)
+    while at < len(tokens) and tokens[at] == "*":
+        right, at = _atom(tokens, at + 1, used)
+        value *= right
+    return value, at
+
+
+def _atom(tokens, at, used):  # atom := number | "(" sum ")"
+    if at >= len(tokens):
+        raise ValueError("ends too early")
+    if tokens[at] == "(":
+        value, at = _sum(tokens, at + 1, used)
+        if at >= len(tokens) or tokens[at] != ")":
+            raise ValueError("unclosed (")
+        return value, at + 1
+    if not tokens[at].isdigit():
+        raise ValueError(f"unexpected {tokens[at]!r}")
+    used.append(int(tokens[at]))
+    return int(tokens[at]), at + 1
+
+
+def extract_toy_answer(text: str | None) -> str | None:
+    """The rest of the line after the last "Final Answer:", stripped; None when absent or empty.
+
+    >>> extract_toy_answer("7*3=21,21+12=33vs33yes\\nFinal Answer: (7*3)+12")
+    '(7*3)+12'
+    """
+    found = re.findall(r"Final Answer:([^\n]*)", text or "")
+    return (found[-1].strip() or None) if found else None
+
+
+def check_countdown(answer_text: str | None, problem: Problem) -> bool:
+    """True when the answer uses each of the problem's numbers exactly once and equals its target.
+
+    A malformed expression is simply wrong (call `evaluate` to see why).
+
+    >>> p = Problem("t", "numbers 3 7 12 target 33", "(7*3)+12", extra={"numbers": [3, 7, 12], "target": 33})
+    >>> check_countdown("12+7*3", p), check_countdown("3*7+12+3", p), check_countdown("3*7+12)", p)
+    (True, False, False)
+    """
+    if answer_text is None:
+        return False
+    try:
+        value, used = evaluate(answer_text)
+    except ValueError:
+        return False
+    return value == problem.extra["target"] and sorted(used) == sorted(problem.extra["numbers"])
+
+
+# --------------------------------------------------------------------------- the teacher
+
+
+def attempt_text(route: Route, target: int) -> str:
+    """One attempt, its comparison with the target written out: "7*3=21,21+12=33vs33yes"."""
+    return f"{','.join(route.steps)}vs{target}{'yes' if route.value == target else 'no'}"
+
+
+def _pick_routes(problem: Problem, rng: random.Random, k: int) -> tuple[list[Route], Route]:
+    """K distinct routes at most: the problem's own route (the one that checks out) at a random
+    place, the others random legal routes that miss the target (fewer if they are hard to find)."""
+    numbers, target = problem.extra["numbers"], problem.extra["target"]
+    right = Route(tuple(problem.extra["steps"]), target, problem.answer)
+    wrong: dict[tuple[str, ...], Route] = {}
+    for _ in range(50 * k):  # a random walk is ~10 us, so this is cheap even for 4 numbers
+        if len(wrong) == k - 1:
+            break
+        route = random_route(numbers, LEVELS[problem.extra["level"]].bound, rng)
+        if route.value != target:
+            wrong.setdefault(route.steps, route)
+    chosen = list(wrong.values())
+    chosen.insert(rng.randrange(len(chosen) + 1), right)
+    return chosen, right
+
+
+def sequential_trace(problem: Problem, rng: random.Random, attempts: int | None = None) -> str:
+    """Attempts one per line until the one that checks out (at a random attempt 1..K), then the answer.
+
+    K = `attempts`, or the level's default (easy 4, hard 3).
+    """
+    chosen, right = _pick_routes(problem, rng, attempts or LEVELS[problem.extra["level"]].attempts)
+    tried = chosen[: chosen.index(right) + 1]  # stop at the attempt that checks out
+    lines = [attempt_text(r, problem.extra["target"]) for r in tried]
+    return "\n".join(lines) + f"\n{FINAL} {right.expression}"
+
+
+def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS) -> str:
+    """One parallel block of K paths (one route each, the right one at a random place), a summary
+    that keeps the path that checks out, then the answer. Easy problems only, as in the paper.
+    """
+    if problem.extra["level"] != "easy":
+        raise ValueError(f"the teacher writes parallel traces for easy problems only, not {problem.extra['level']!r}")
+    t = PARALLEL_R1
+    chosen, right = _pick_routes(problem, rng, paths)
+    target = problem.extra["target"]
+    block = "".join(f"{t.path_open}{attempt_text(r, target)}{t.path_close}" for r in chosen)
+    summary = f"{t.summary_open}{attempt_text(right, target)}{t.summary_close}"
+    return f"{t.parallel_open}{block}{t.parallel_close}{summary}\n{FINAL} {right.expression}"
+
+
+# --------------------------------------------------------------------------- tokenizer and model
+
+
+EOS = "<|endoftext|>"
+WORDS = [FINAL, "numbers", "target", "yes", "no", "vs"]  # whole tokens; everything else is a character
+
+
+def toy_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer: the task's words, then one token per printable ASCII character and
+    newline, so any ASCII text round-trips exactly (spaces included); the six tags are single
+    (special) tokens, added last. EOS is also the pad token, as in `tiny.char_tokenizer` and base
+    Qwen: nanopar never infers a loss mask from padding, every batch carries an explicit mask.
+    """
+    chars = [chr(i) for i in range(32, 127)] + ["\t", "\n"]
+    vocab = {token: i for i, token in enumerate([EOS, "<unk>", *WORDS, *chars])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words = "|".join(re.escape(w) for w in WORDS)  # tried before single characters
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|[\\s\\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()  # join the pieces back as they were
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS,
+                                      unk_token="<unk>", clean_up_tokenization_spaces=False)
+    add_tag_tokens(wrapped)
+    return wrapped
+
+
+def toy_model_config(tokenizer=None, hidden_size: int = 128, num_layers: int = 4):
+    """The toy model's Qwen3 config: ~0.8M parameters (hidden 128, 4 layers, 4 heads / 2 KV heads,
+    MLP 384), vocabulary = the tokenizer's size rounded up to 64 (128 for `toy_tokenizer()`)."""
+    tokenizer = tokenizer or toy_tokenizer()
+    config = tiny_qwen_config("qwen3", vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=hidden_size,
+                              num_layers=num_layers, num_heads=4, num_kv_heads=2,
+                              intermediate_size=3 * hidden_size, max_positions=1024)
+    config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
+    return config

@@ -1,0 +1,134 @@
+"""Train a model to think in parallel: the Parallel-R1 or NPR curriculum, stage by stage.
+
+    python train.py                                    # the embedded default (see TrainConfig)
+    python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit --lora \\
+        --easy-data gsm8k_train --hard-data path/to/dapo.jsonl --sft-data parallel_gsm8k.jsonl
+    python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
+    python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
+
+Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
+with the shared layout, checkpoints every --checkpoint-every steps and on Ctrl-C; running the
+same command again resumes. Metrics go to <out>/metrics.jsonl, one line per step.
+What it leaves out: multi-GPU, vLLM, evaluation on benchmarks (eval.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from nanopar import NanoparError
+from nanopar.config import parse_config, save_config
+from nanopar.curriculum import recipe, select
+from nanopar.metrics import plot_metrics
+from nanopar.runner import Runner
+
+
+@dataclass
+class TrainConfig:
+    # the run
+    out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
+    recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
+    stages: str = "all"  # comma list of stage names to run, or "all"
+    seed: int = 0  # seeds LoRA init, problem order and every sampling step
+    plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
+    # the model
+    model: str = "tiny:qwen3"  # hub id, local folder, nanopar checkpoint, or tiny:qwen2 / tiny:qwen3
+    load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
+    lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
+    lora_rank: int = 16  # LoRA r
+    lora_alpha: int = 32  # LoRA alpha (scale alpha / r)
+    lora_dropout: float = 0.0  # keep 0 for RL: dropout breaks the on-policy ratio of 1
+    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
+    device: str = "auto"  # cpu / cuda / auto
+    mode: str = "structured"  # "structured" (Unseen: paths isolated) or "causal" (Seen)
+    # the data
+    easy_data: str = "gsm8k_train"  # easy problems (stage 1 RL, cold start): name, .jsonl or hub id
+    hard_data: str = "math500"  # hard problems (stage 2 RL)
+    sft_data: str = ""  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
+    question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
+    answer_field: str = ""  # field of the gold answer ("" = answer)
+    limit: int = 0  # use only the first N problems of each data set (0 = all)
+    instructions: str = "parallel"  # prompt: "parallel" (tag instructions), "plain" or "none"
+    chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    # stage lengths and rewards
+    sft_steps: int = 20  # cold-start SFT steps
+    sft_batch: int = 16  # traces per SFT step
+    rl_easy_steps: int = 10  # GRPO steps on easy problems
+    rl_hard_steps: int = 10  # GRPO steps on hard problems
+    easy_reward: str = "parallel"  # reward or schedule of rl-easy
+    hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
+    distill_tries: int = 1  # distill: samples per problem (NPR's rejection sampling uses 8)
+    # sampling
+    prompts_per_step: int = 4  # B: problems per GRPO step
+    group_size: int = 8  # G: responses per problem
+    paths: int = 2  # K: paths per parallel block
+    max_new_tokens: int = 256  # sampled tokens per response, over all branches
+    max_path_tokens: int = 128  # sampled tokens per path
+    max_blocks: int = 4  # parallel blocks per response
+    temperature: float = 1.0  # sampling temperature (the policy GRPO trains)
+    top_p: float = 1.0  # nucleus sampling (1.0 = off)
+    # optimisation
+    lr: float = 1e-5  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear warm-up steps per stage
+    advantage: str = "zscore"  # "zscore" or "mean"
+    updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
+    clip: float = 0.2  # PPO clip range (updates > 1 only)
+    kl_beta: float = 0.0  # KL weight to the stage's starting policy
+    micro_batch: int = 8  # rows per forward/backward
+    max_grad_norm: float = 1.0  # gradient clipping
+    # bookkeeping
+    checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)
+    keep_checkpoints: int = 2  # most recent checkpoints kept per stage (0 = all)
+    sample_every: int = 0  # print a sample trace every N RL steps (0 = never)
+
+
+def summary(runner: Runner, stages) -> Table:
+    """The last step of each stage that ran, side by side."""
+    import json
+
+    records = [json.loads(l) for l in (runner.out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    table = Table(title=f"run {runner.out}")
+    for column in ("stage", "kind", "steps", "reward", "accuracy", "parallel ratio", "rel. position", "seconds"):
+        table.add_column(column)
+    for stage in stages:
+        rows = [r for r in records if r.get("stage") == stage.name]
+        last = next((r for r in reversed(rows) if "step" in r), {})
+        done = next((r for r in reversed(rows) if r.get("event") == "done"), {})
+        cell = lambda key: f"{last[key]:.2f}" if isinstance(last.get(key), float) else "-"
+        table.add_row(stage.name, stage.kind, str(last.get("step", "-")), cell("reward"), cell("accuracy"),
+                      cell("parallel_ratio"), cell("relative_position"), f"{done.get('seconds', 0):.0f}")
+    return table
+
+
+def main(argv: list[str] | None = None) -> Path:
+    config = parse_config(TrainConfig, argv, description=__doc__.split("\n")[0])
+    console = Console()
+    if config.plot:
+        png = plot_metrics(Path(config.plot) / "metrics.jsonl", Path(config.plot) / "metrics.png")
+        console.print(f"wrote {png}")
+        return png
+    stages = recipe(config)
+    chosen = select(stages, config.stages)
+    runner = Runner(config, stages, console)
+    save_config(config, runner.out)
+    started = time.perf_counter()
+    for stage in chosen:
+        runner.run(stage)
+    console.print(summary(runner, chosen))
+    png = plot_metrics(runner.out / "metrics.jsonl", runner.out / "metrics.png")
+    console.print(f"{time.perf_counter() - started:.0f} s; metrics in {runner.out / 'metrics.jsonl'}, plot {png}")
+    return runner.out
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except NanoparError as error:
+        sys.exit(f"error: {error}")
