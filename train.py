@@ -1,8 +1,9 @@
 """Train a model to think in parallel: the Parallel-R1 or NPR curriculum, stage by stage.
 
-    python train.py                                    # the embedded default (see TrainConfig)
-    python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit --lora \\
-        --easy-data gsm8k_train --hard-data path/to/dapo.jsonl --sft-data parallel_gsm8k.jsonl
+    python train.py                                    # the toy world on a CPU (see TrainConfig)
+    python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit --lora --lr 1e-5 \\
+        --pretrain-data "" --easy-data gsm8k_train --hard-data path/to/dapo.jsonl \\
+        --sft-data parallel_gsm8k.jsonl --instructions parallel --paths 2 --max-new-tokens 1024
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
 
@@ -38,7 +39,7 @@ class TrainConfig:
     seed: int = 0  # seeds LoRA init, problem order and every sampling step
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
     # the model
-    model: str = "tiny:qwen3"  # hub id, local folder, nanopar checkpoint, or tiny:qwen2 / tiny:qwen3
+    model: str = "tiny:toy"  # hub id, local folder, nanopar checkpoint, or tiny:toy / tiny:qwen2 / tiny:qwen3
     load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
     lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
     lora_rank: int = 16  # LoRA r
@@ -48,40 +49,44 @@ class TrainConfig:
     device: str = "auto"  # cpu / cuda / auto
     mode: str = "structured"  # "structured" (Unseen: paths isolated) or "causal" (Seen)
     # the data
-    easy_data: str = "gsm8k_train"  # easy problems (stage 1 RL, cold start): name, .jsonl or hub id
-    hard_data: str = "math500"  # hard problems (stage 2 RL)
-    sft_data: str = ""  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
+    pretrain_data: str = "toy:sequential"  # sequential traces to pretrain on first ("" = no pretraining)
+    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
+    hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
+    sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # field of the gold answer ("" = answer)
     limit: int = 0  # use only the first N problems of each data set (0 = all)
-    instructions: str = "parallel"  # prompt: "parallel" (tag instructions), "plain" or "none"
+    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
-    # stage lengths and rewards
-    sft_steps: int = 20  # cold-start SFT steps
-    sft_batch: int = 16  # traces per SFT step
-    rl_easy_steps: int = 10  # GRPO steps on easy problems
-    rl_hard_steps: int = 10  # GRPO steps on hard problems
+    # stage lengths, learning rates and rewards
+    pretrain_steps: int = 300  # pretraining SFT steps (only with --pretrain-data)
+    pretrain_lr: float = 2e-3  # pretraining learning rate (from scratch)
+    sft_steps: int = 60  # cold-start SFT steps
+    sft_lr: float = 1e-3  # cold-start SFT learning rate
+    sft_batch: int = 32  # traces per SFT step
+    rl_easy_steps: int = 15  # GRPO steps on easy problems
+    rl_hard_steps: int = 15  # GRPO steps on hard problems
     easy_reward: str = "parallel"  # reward or schedule of rl-easy
     hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
     distill_tries: int = 1  # distill: samples per problem (NPR's rejection sampling uses 8)
     # sampling
-    prompts_per_step: int = 4  # B: problems per GRPO step
+    prompts_per_step: int = 16  # B: problems per GRPO step
     group_size: int = 8  # G: responses per problem
-    paths: int = 2  # K: paths per parallel block
-    max_new_tokens: int = 256  # sampled tokens per response, over all branches
-    max_path_tokens: int = 128  # sampled tokens per path
+    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2)
+    max_new_tokens: int = 160  # sampled tokens per response, over all branches
+    max_path_tokens: int = 48  # sampled tokens per path
     max_blocks: int = 4  # parallel blocks per response
     temperature: float = 1.0  # sampling temperature (the policy GRPO trains)
     top_p: float = 1.0  # nucleus sampling (1.0 = off)
     # optimisation
-    lr: float = 1e-5  # AdamW learning rate
+    lr: float = 1e-4  # RL learning rate (AdamW)
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warm-up steps per stage
     advantage: str = "zscore"  # "zscore" or "mean"
     updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
     clip: float = 0.2  # PPO clip range (updates > 1 only)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
-    micro_batch: int = 8  # rows per forward/backward
+    micro_batch: int = 32  # rows per forward/backward
     max_grad_norm: float = 1.0  # gradient clipping
     # bookkeeping
     checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)

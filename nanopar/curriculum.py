@@ -1,5 +1,8 @@
 """The stage recipes of both papers, as plain lists of stages that chain through checkpoints.
 
+Either recipe may start with
+  pretrain          SFT on sequential traces (--pretrain-data): the toy world trains its base
+                    model from scratch this way; a real Qwen is already pretrained (leave it "")
 Parallel-R1 (the default):
   cold-start data   prompt the model with the parallel-thinking instructions on easy problems,
                     keep traces that are format-valid, parallel and correct (skipped when
@@ -39,24 +42,30 @@ class Stage:
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
     drop_invalid: bool = False  # grpo: drop format-invalid rollouts before the update (PAPO)
+    lr: float = 1e-5  # learning rate of this stage
 
 
 def recipe(config) -> list[Stage]:
     """The stages of `config.recipe`, sized by the config."""
     c = config
+    stages = []
+    if c.pretrain_data:
+        stages.append(Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr))
     if c.recipe == "parallel-r1":
-        stages = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries)]
+        if not c.sft_data:
+            stages.append(Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries))
         return stages + [
-            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data"),
-            Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward),
-            Stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward),
+            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
+            Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
+            Stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward, lr=c.lr),
         ]
     if c.recipe == "npr":
-        return [
-            Stage("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format"),
+        return stages + [
+            Stage("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr),
             Stage("rejection", "distill", c.easy_data, tries=max(c.distill_tries, 8)),
-            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection"),
-            Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True),
+            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr),
+            Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
+                  lr=c.lr),
         ]
     raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
 

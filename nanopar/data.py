@@ -81,6 +81,10 @@ def load_problems(
     """
     if limit is not None and limit < 0:
         raise NanoparError(f"limit must be >= 0, not {limit}")
+    if spec.startswith("toy:"):  # the toy world's generated problems (nanopar/toy.py)
+        from .toy import toy_problems
+
+        return toy_problems(spec)[:limit]
     if spec in BENCHMARKS:
         file, default_question, default_answer = BENCHMARKS[spec]
         path = BENCHMARK_DIR / file

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from . import NanoparError
 from .tags import PARALLEL_R1, TagIds, TagSchema
-from .tiny import TINY_PREFIX, char_tokenizer, tiny_named
+from .tiny import TINY_PREFIX, tiny_named
 
 QWEN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -90,8 +90,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
             raise NanoparError(f"cannot load model {name!r}: the folder has no config.json "
                                "(nor adapter_config.json of a nanopar checkpoint)")
     if name.startswith(TINY_PREFIX):  # a checkpoint trained from a tiny model
-        model, _ = tiny_named(name, dtype, settings.attn_implementation)
-        tokenizer = char_tokenizer()
+        model, tokenizer = tiny_named(name, dtype, settings.attn_implementation)
     else:
         tokenizer = _from_pretrained(AutoTokenizer, name)
         model = _from_pretrained(AutoModelForCausalLM, name, **_model_kwargs(settings, device, dtype))
@@ -122,8 +121,6 @@ def _load_tiny(settings: ModelSettings, device: str, dtype: torch.dtype, schema:
     """A "tiny:qwen2" / "tiny:qwen3" model (nanopar.tiny), with tags and LoRA as for any model."""
     if settings.load_in_4bit:
         raise NanoparError("tiny models are not quantised: drop --load-in-4bit")
-    if settings.name_or_path not in (TINY_PREFIX + "qwen2", TINY_PREFIX + "qwen3"):
-        raise NanoparError(f"unknown tiny model {settings.name_or_path!r}: use tiny:qwen2 or tiny:qwen3")
     model, tokenizer = tiny_named(settings.name_or_path, dtype, settings.attn_implementation)
     model.to(device)
     tag_ids = add_tag_tokens(tokenizer, model, schema)

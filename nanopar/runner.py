@@ -149,7 +149,7 @@ class Runner:
         checkpoint = latest_checkpoint(folder)
         model, tokenizer, tags = self.load(str(checkpoint) if checkpoint else self.input_model(stage))
         model.train()
-        optimizer, scheduler = make_optimizer(model, c.lr, c.weight_decay, c.warmup_steps)
+        optimizer, scheduler = make_optimizer(model, stage.lr, c.weight_decay, c.warmup_steps)
         step = load_trainer_state(checkpoint, optimizer, scheduler) if checkpoint else 0
         if checkpoint:
             self.log.drop_after(stage.name, step)
@@ -195,6 +195,10 @@ class Runner:
 
     def traces(self, stage: Stage) -> list[dict]:
         """The SFT traces: a distill stage's output, or a .jsonl of question/answer/response records."""
+        if stage.traces.startswith("toy:"):  # the toy world's programmatic teacher
+            from .toy import teacher_traces
+
+            return teacher_traces(stage.traces)
         by_name = {s.name: s for s in self.stages}
         path = self.folder(by_name[stage.traces]) / "traces.jsonl" if stage.traces in by_name else Path(stage.traces)
         if not path.is_file():

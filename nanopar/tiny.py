@@ -63,7 +63,7 @@ def tiny_qwen_model(seed: int = 0, dtype: torch.dtype = torch.float32, **config_
     return model.eval()
 
 
-TINY_PREFIX = "tiny:"  # load_model("tiny:qwen2") / ("tiny:qwen3"): a random tiny model, no download
+TINY_PREFIX = "tiny:"  # load_model("tiny:qwen2" | "tiny:qwen3" | "tiny:toy"): a random tiny model, no download
 EOS = "<|endoftext|>"
 
 
@@ -78,7 +78,19 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_named(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
-    """(model, tokenizer) for a name "tiny:qwen2" or "tiny:qwen3" (seed 0, vocabulary 128)."""
-    arch = name.removeprefix(TINY_PREFIX)
-    model = tiny_qwen_model(arch=arch, vocab_size=128, dtype=dtype, attn_implementation=attn_implementation)
+    """(model, tokenizer), randomly initialised with seed 0, for a name:
+    "tiny:qwen2" / "tiny:qwen3" (char tokenizer, vocabulary 128) or "tiny:toy" (the toy world's
+    ~0.8M-parameter Qwen3 and its tokenizer, nanopar/toy.py)."""
+    kind = name.removeprefix(TINY_PREFIX)
+    if kind == "toy":
+        from .toy import toy_model_config, toy_tokenizer
+
+        tokenizer = toy_tokenizer()
+        config = toy_model_config(tokenizer)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        return model.eval(), tokenizer
+    if kind not in ("qwen2", "qwen3"):
+        raise NanoparError(f"unknown tiny model {name!r}: use tiny:qwen2, tiny:qwen3 or tiny:toy")
+    model = tiny_qwen_model(arch=kind, vocab_size=128, dtype=dtype, attn_implementation=attn_implementation)
     return model, char_tokenizer()

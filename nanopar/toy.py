@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from . import NanoparError
 from .data import Problem
 from .model import add_tag_tokens
 from .tags import PARALLEL_R1
@@ -336,3 +337,40 @@ def toy_model_config(tokenizer=None, hidden_size: int = 128, num_layers: int = 4
                               intermediate_size=3 * hidden_size, max_positions=1024)
     config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
     return config
+
+
+# --------------------------------------------------------------------------- as data for the stages
+
+TOY_TRAIN_PROBLEMS = 20_000  # problems per level behind "toy:easy" / "toy:hard" (seeded, may repeat)
+
+
+def toy_problems(spec: str) -> list[Problem]:
+    """Problems named "toy:easy", "toy:hard" (training) or "toy:easy:heldout", "toy:hard:heldout"."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or parts[1] not in LEVELS or (len(parts) == 3 and parts[2] != "heldout"):
+        raise NanoparError(f"unknown toy data {spec!r}: use toy:easy, toy:hard, toy:easy:heldout or toy:hard:heldout")
+    if len(parts) == 3:
+        return heldout(parts[1])
+    return make_problems(parts[1], TOY_TRAIN_PROBLEMS, seed={"easy": 1, "hard": 2}[parts[1]])
+
+
+TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
+    "toy:sequential": [("easy", "sequential", 0.5), ("hard", "sequential", 0.5)],  # stage 0 pretraining
+    # the cold start: easy parallel traces, with some hard sequential ones kept in the mix so the
+    # model does not apply 3-number patterns to 4-number problems (TOY-NOTES: hard accuracy fell to 0)
+    "toy:parallel": [("easy", "parallel", 0.75), ("hard", "sequential", 0.25)],
+}
+
+
+def teacher_traces(spec: str, n: int = 4000, seed: int = 3) -> list[dict]:
+    """`n` teacher traces as SFT records (question, answer, response) for a name of TEACHER_MIXES."""
+    if spec not in TEACHER_MIXES:
+        raise NanoparError(f"unknown toy traces {spec!r}: use one of {', '.join(TEACHER_MIXES)}")
+    rng, records = random.Random(seed), []
+    for level, kind, share in TEACHER_MIXES[spec]:
+        write = parallel_trace if kind == "parallel" else sequential_trace
+        for problem in make_problems(level, round(n * share), seed=seed * 7 + len(records)):
+            records.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
+                            "response": write(problem, rng)})
+    rng.shuffle(records)
+    return records

@@ -267,3 +267,17 @@ def test_model_config_and_a_checkpoint_folder_that_loads_like_any_model(traces, 
     ids = torch.tensor([tokenizer.encode(f"{p.question}\n{trace}", add_special_tokens=False)])
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, model.eval()(ids).logits, atol=1e-5)
+
+
+def test_rewards_grade_toy_problems_with_the_exact_checker():
+    from nanopar.grading import grade
+    from nanopar.rewards import score
+    from nanopar.trace import parse_trace
+    from nanopar.toy import make_problems, parallel_trace
+
+    problem = make_problems("easy", 1, seed=0)[0]  # numbers 5 9 8 target 12, answer (9+8)-5
+    assert grade("Final Answer: 9+8-5", problem).correct
+    assert not grade("Final Answer: 12", problem).correct  # the value alone does not use the numbers
+    assert grade("no answer", problem).error == "no answer found"
+    trace = parallel_trace(problem, random.Random(0))
+    assert score("parallel", trace, parse_trace(trace), problem).total == 1.0

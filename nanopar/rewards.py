@@ -1,0 +1,437 @@
+"""Rewards for parallel thinking: the built-in rewards, a registry, weighted specs, schedules.
+
+A reward function scores one rollout:
+
+    fn(text: str, trace: Trace, problem: Problem) -> float
+
+`text` is the decoded response with the tags kept, `trace` its reading (`trace.parse_ids` of the
+token ids, or `trace.parse_trace(text)`), `problem` the `data.Problem` it answers. Built-ins:
+
+  name                     value                                             from
+  accuracy                 +1 correct, -1 otherwise                          both papers
+  format                   +1 if Algorithm 1 accepts the text, else -1       Parallel-R1 Alg. 1
+  parallel                 +1 if correct AND parallel (below), else -1       Parallel-R1 stage 1
+  accuracy_parallel_bonus  accuracy + 0.2 when correct AND parallel:         Parallel-R1 (variant)
+                           1.2 / 1.0 (correct, no block) / -1 (wrong)
+  accuracy_times_parallel  accuracy x [parallel]: +1 correct and parallel,   Parallel-R1 (variant)
+                           -1 wrong and parallel, 0 without a valid block
+  npr_format               accuracy if the format is valid, else a graded    NPR stage 1
+                           penalty in [-2, -1] (see `npr_format`)
+
+"Parallel" means: at least one valid block (>= 2 closed paths, </Parallel>, a closed summary)
+AND the whole text passes Algorithm 1. For reference, the released Parallel-R1 code differs in
+two variants: its "accuracy_add_parallel" adds +0.5 for any well-formed block, correct or not,
+and its "accuracy_times_parallel" gives -1 (not 0) without a block, i.e. our `parallel`.
+
+A weighted sum of rewards is a spec, "accuracy:1,format:0.2"; `score(spec, ...)` returns the
+total, each component (unweighted) and the `Grade`. The answer is graded once per `score` call
+and shared by every reward that asks (`is_correct` / `graded`), and `grade.error` tells the
+caller when grading failed (no answer, a parse timeout...): count them, they are never hidden.
+
+Adding a reward takes a few lines; its name then works in any spec:
+
+    from nanopar.rewards import register, is_correct, score
+
+    @register("short_and_correct")
+    def short_and_correct(text, trace, problem):
+        \"\"\"+1 for a correct answer in under 2,000 characters, else 0.\"\"\"
+        return float(is_correct(text, problem) and len(text) < 2000)
+
+    score("accuracy:1,short_and_correct:0.5", text, trace, problem).total
+
+Schedules choose the spec per training step: `Constant`, `Alternating` (Parallel-R1: in every
+window of 10 steps, 8 with accuracy, the last 2 with the parallel reward), `TwoPhase` (the
+alternating scaffold for the first N steps, accuracy only after); `schedule_from_string` reads
+them from a command-line flag.
+
+TRL: `as_trl_reward(name)` wraps a reward for `trl.GRPOTrainer(reward_funcs=[...])`, whose
+reward functions are called as `f(prompts=..., completions=..., completion_ids=...,
+trainer_state=..., **dataset_columns)` and return one float per completion; completions are
+strings (standard data sets) or lists of {"role", "content"} messages (conversational ones);
+every dataset column but `prompt` arrives as a list, one value per completion (the gold answer
+is read from the `answer` column). TRL decodes completions with `skip_special_tokens=True`,
+which deletes tags added as special tokens: give `tokenizer=` and the adapter re-decodes
+`completion_ids` with the tags kept.
+
+Left out: the NPR / PAPO filtering of format-invalid rollouts (the trainer drops rollouts with
+`RewardResult.format_ok == False`), length or diversity rewards, learned reward models.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from . import NanoparError
+from .data import Problem
+from .format import check_format
+from .grading import Grade, grade
+from .tags import TagIds
+from .trace import Trace, parse_ids, parse_trace, trace_stats
+
+RewardFn = Callable[[str, Trace, Problem], float]
+
+PARALLEL_BONUS = 0.2  # what `accuracy_parallel_bonus` adds to a correct answer with a valid block
+
+# ----------------------------------------------------------------------------- registry
+
+REWARDS: dict[str, RewardFn] = {}
+_RESERVED = {"constant", "alternating", "two-phase"}  # schedule keywords in `schedule_from_string`
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+
+def register(name: str, replace: bool = False) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: make a reward function selectable by `name` in specs and schedules."""
+    if not _NAME.match(name) or name in _RESERVED:
+        raise NanoparError(f"reward name {name!r} must be letters, digits, _ or - and not one of {sorted(_RESERVED)}")
+
+    def add(fn: RewardFn) -> RewardFn:
+        if name in REWARDS and not replace:
+            raise NanoparError(f"reward {name!r} is already registered; use @register({name!r}, replace=True)")
+        REWARDS[name] = fn
+        return fn
+
+    return add
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward registered as `name`.
+
+    >>> get_reward("acuracy")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    nanopar.NanoparError: unknown reward 'acuracy'; known: accuracy, accuracy_parallel_bonus, ...
+    """
+    if name not in REWARDS:
+        raise NanoparError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}")
+    return REWARDS[name]
+
+
+def parse_reward_spec(spec: str | dict[str, float]) -> dict[str, float]:
+    """A weighted spec: "accuracy:1,format:0.2" -> {name: weight}; a bare name weighs 1.
+
+    >>> parse_reward_spec("accuracy:1, format:0.2"), parse_reward_spec("parallel")
+    ({'accuracy': 1.0, 'format': 0.2}, {'parallel': 1.0})
+    >>> parse_reward_spec("accuracy:high")
+    Traceback (most recent call last):
+    ...
+    nanopar.NanoparError: reward spec 'accuracy:high': weight 'high' of 'accuracy' is not a number
+    """
+    if isinstance(spec, dict):
+        items = [(str(k), v) for k, v in spec.items()]
+    else:
+        items = []
+        for part in spec.split(","):
+            name, sep, weight = part.strip().partition(":")
+            if not name.strip():
+                raise NanoparError(f"reward spec {spec!r}: empty entry (expected name:weight, comma separated)")
+            items.append((name.strip(), weight.strip() if sep else "1"))
+    weights: dict[str, float] = {}
+    for name, weight in items:
+        get_reward(name)  # unknown names fail here, listing the known ones
+        if name in weights:
+            raise NanoparError(f"reward spec {spec!r}: {name!r} appears twice")
+        try:
+            weights[name] = float(weight)
+        except (TypeError, ValueError):
+            raise NanoparError(f"reward spec {spec!r}: weight {weight!r} of {name!r} is not a number") from None
+    return weights
+
+
+# ----------------------------------------------------------------------------- grading, shared
+
+_SCOPE: ContextVar[dict | None] = ContextVar("nanopar_grades", default=None)  # set while scoring
+
+
+@contextmanager
+def grading_scope():
+    """Share grades within one scoring call: inside, `graded` computes each grade once.
+
+    Yields the cache {(text, gold): Grade}; it is dropped on exit, so nothing is global.
+    """
+    token = _SCOPE.set({})
+    try:
+        yield _SCOPE.get()
+    finally:
+        _SCOPE.reset(token)
+
+
+def graded(text: str, problem: Problem) -> Grade:
+    """`grading.grade(text, problem)`, computed once per `score` call and shared by its rewards."""
+    cache = _SCOPE.get()
+    if cache is None:
+        return grade(text, problem)
+    key = (text, problem.answer)
+    if key not in cache:
+        cache[key] = grade(text, problem)
+    return cache[key]
+
+
+def is_correct(text: str, problem: Problem) -> bool:
+    """Whether the final answer of `text` is right (graded once per `score` call)."""
+    return graded(text, problem).correct
+
+
+def uses_parallel(text: str, trace: Trace) -> bool:
+    """At least one valid parallel block, and the whole text passes Algorithm 1.
+
+    >>> ok = "a<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>b"
+    >>> uses_parallel(ok, parse_trace(ok)), uses_parallel(ok + "</Path>", parse_trace(ok + "</Path>"))
+    (True, False)
+    """
+    return trace_stats(trace).has_parallel and check_format(text).ok
+
+
+# ----------------------------------------------------------------------------- built-in rewards
+
+
+@register("accuracy")
+def accuracy(text: str, trace: Trace, problem: Problem) -> float:
+    """+1 for a correct final answer, -1 otherwise (wrong, missing or ungradable)."""
+    return 1.0 if is_correct(text, problem) else -1.0
+
+
+@register("format")
+def format_reward(text: str, trace: Trace, problem: Problem) -> float:
+    """+1 if Parallel-R1's Algorithm 1 accepts the text (a text without tags passes), else -1."""
+    return 1.0 if check_format(text).ok else -1.0
+
+
+@register("parallel")
+def parallel(text: str, trace: Trace, problem: Problem) -> float:
+    """Parallel-R1 stage 1: +1 only for a correct answer that uses parallel thinking, else -1."""
+    return 1.0 if is_correct(text, problem) and uses_parallel(text, trace) else -1.0
+
+
+@register("accuracy_parallel_bonus")
+def accuracy_parallel_bonus(text: str, trace: Trace, problem: Problem) -> float:
+    """accuracy + PARALLEL_BONUS (0.2) when correct with parallel thinking: 1.2 / 1.0 / -1.0."""
+    correct = is_correct(text, problem)
+    bonus = PARALLEL_BONUS if correct and uses_parallel(text, trace) else 0.0
+    return (1.0 if correct else -1.0) + bonus
+
+
+@register("accuracy_times_parallel")
+def accuracy_times_parallel(text: str, trace: Trace, problem: Problem) -> float:
+    """accuracy x [uses parallel]: +1 correct with a block, -1 wrong with a block, 0 without one."""
+    if not uses_parallel(text, trace):
+        return 0.0
+    return 1.0 if is_correct(text, problem) else -1.0
+
+
+@register("npr_format")
+def npr_format(text: str, trace: Trace, problem: Problem) -> float:
+    """NPR stage 1 (NPR-Zero): a graded format penalty, accuracy only for well-formed text.
+
+    NPR adds a format signal (0 when the format check passes, a penalty in (0, -2] when it
+    fails) to an accuracy signal (+1 / -1) given only when the format passes; its later
+    parallel RL (PAPO) drops format-invalid rollouts from the update. Our graded version:
+    valid format -> accuracy (+1 / -1); invalid -> -1 for one structural problem, 0.25 less
+    for each further one, floored at -2. Problems are read from the trace: stray tags,
+    invalid blocks, and a response cut off inside a block or summary.
+
+    >>> bad = "<Parallel><Path>x</Path></Parallel>"  # one path and no summary: one invalid block
+    >>> npr_format(bad, parse_trace(bad), Problem("p", "q", "1"))
+    -1.0
+    >>> worse = "</Path></Path><Parallel><Path>x"  # two strays, an invalid block, truncated
+    >>> npr_format(worse, parse_trace(worse), Problem("p", "q", "1"))
+    -1.75
+    """
+    if check_format(text).ok:
+        return accuracy(text, trace, problem)
+    problems = len(trace.stray) + sum(not b.valid for b in trace.blocks) + int(trace.truncated)
+    return -min(2.0, 1.0 + 0.25 * (max(problems, 1) - 1))
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class RewardResult:
+    total: float  # sum of weight * component
+    components: dict[str, float]  # reward name -> its value, before weighting
+    grade: Grade  # the answer's grade (shared by all components); grade.error counts failures
+    format_ok: bool  # Algorithm 1 accepts the text (PAPO-style training drops the rest)
+
+
+def score(spec: str | dict[str, float], text: str, trace: Trace, problem: Problem) -> RewardResult:
+    """Every reward of the spec on one rollout; the answer is graded exactly once.
+
+    >>> t = "<Parallel><Path>2+2=4</Path><Path>4</Path></Parallel><Summary>4</Summary>Final Answer: 4"
+    >>> r = score("accuracy:1,format:0.5,parallel:1", t, parse_trace(t), Problem("p", "q", "4"))
+    >>> r.total, r.components, r.grade.extracted
+    (2.5, {'accuracy': 1.0, 'format': 1.0, 'parallel': 1.0}, '4')
+    """
+    weights = parse_reward_spec(spec)
+    with grading_scope():
+        components = {name: float(get_reward(name)(text, trace, problem)) for name in weights}
+        answer_grade = graded(text, problem)  # from the cache when a reward asked for it
+    total = sum(weights[name] * value for name, value in components.items())
+    return RewardResult(total, components, answer_grade, check_format(text).ok)
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+class RewardSchedule(Protocol):
+    def spec(self, step: int) -> dict[str, float]:
+        """The weighted reward spec to use at training step `step` (0-based)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Constant:
+    """The same spec at every step."""
+
+    weights: dict[str, float] | str = "accuracy"  # a spec: {name: weight} or "accuracy:1,format:0.2"
+
+    def __post_init__(self):
+        object.__setattr__(self, "weights", parse_reward_spec(self.weights))
+
+    def spec(self, step: int) -> dict[str, float]:
+        return dict(self.weights)
+
+
+@dataclass(frozen=True)
+class Alternating:
+    """Parallel-R1's alternating reward: in each window, the last `parallel_steps` steps use the
+    parallel spec, the others the accuracy spec (window 10, 2 parallel: steps 8, 9, 18, 19, ...).
+
+    >>> s = Alternating()
+    >>> [next(iter(s.spec(k))) for k in (0, 7, 8, 9, 10)]
+    ['accuracy', 'accuracy', 'parallel', 'parallel', 'accuracy']
+    """
+
+    accuracy_spec: dict[str, float] | str = "accuracy"  # most steps: accuracy only
+    parallel_spec: dict[str, float] | str = "parallel"  # the rest: correct AND parallel
+    window: int = 10  # steps per window
+    parallel_steps: int = 2  # steps per window, at its end, that use `parallel_spec`
+
+    def __post_init__(self):
+        if self.window < 1 or not 0 <= self.parallel_steps <= self.window:
+            raise NanoparError(
+                f"alternating schedule needs window >= 1 and 0 <= parallel steps <= window, "
+                f"got window={self.window}, parallel_steps={self.parallel_steps}"
+            )
+        object.__setattr__(self, "accuracy_spec", parse_reward_spec(self.accuracy_spec))
+        object.__setattr__(self, "parallel_spec", parse_reward_spec(self.parallel_spec))
+
+    def spec(self, step: int) -> dict[str, float]:
+        in_parallel_part = step % self.window >= self.window - self.parallel_steps
+        return dict(self.parallel_spec if in_parallel_part else self.accuracy_spec)
+
+
+@dataclass(frozen=True)
+class TwoPhase:
+    """Parallel-R1's exploration scaffold: `scaffold` for steps < first_steps, then `after`
+    (which counts its own steps from 0 at the switch).
+
+    >>> s = TwoPhase(first_steps=20)
+    >>> s.spec(19), s.spec(20)
+    ({'parallel': 1.0}, {'accuracy': 1.0})
+    """
+
+    first_steps: int = 200  # steps of the scaffold phase (the paper: about 200)
+    scaffold: RewardSchedule = field(default_factory=Alternating)  # phase 1
+    after: RewardSchedule = field(default_factory=Constant)  # phase 2 (default: accuracy only)
+
+    def __post_init__(self):
+        if self.first_steps < 0:
+            raise NanoparError(f"two-phase schedule needs first_steps >= 0, got {self.first_steps}")
+
+    def spec(self, step: int) -> dict[str, float]:
+        if step < self.first_steps:
+            return self.scaffold.spec(step)
+        return self.after.spec(step - self.first_steps)
+
+
+def schedule_from_string(text: str) -> RewardSchedule:
+    """A schedule from a command-line flag.
+
+      "accuracy:1,format:0.2"                      Constant(that spec); also "constant:SPEC"
+      "alternating[:WINDOW[:PARALLEL_STEPS]]"      Alternating (defaults 10, 2)
+      "two-phase[:FIRST[:WINDOW[:PARALLEL_STEPS]]]" TwoPhase over Alternating (defaults 200, 10, 2)
+
+    >>> schedule_from_string("two-phase:100:5:1")
+    TwoPhase(first_steps=100, scaffold=Alternating(accuracy_spec={'accuracy': 1.0}, parallel_spec={'parallel': 1.0}, window=5, parallel_steps=1), after=Constant(weights={'accuracy': 1.0}))
+    >>> schedule_from_string("alternating:ten")
+    Traceback (most recent call last):
+    ...
+    nanopar.NanoparError: schedule 'alternating:ten': 'ten' is not a whole number (alternating[:WINDOW[:PARALLEL_STEPS]])
+    """
+    kind, _, rest = text.strip().partition(":")
+    if kind == "constant":
+        return Constant(rest)
+    forms = {"alternating": "alternating[:WINDOW[:PARALLEL_STEPS]]",
+             "two-phase": "two-phase[:FIRST_STEPS[:WINDOW[:PARALLEL_STEPS]]]"}
+    if kind not in forms:
+        return Constant(text)
+    numbers = []
+    for part in rest.split(":") if rest else []:
+        try:
+            numbers.append(int(part))
+        except ValueError:
+            raise NanoparError(f"schedule {text!r}: {part!r} is not a whole number ({forms[kind]})") from None
+    if len(numbers) > (2 if kind == "alternating" else 3):
+        raise NanoparError(f"schedule {text!r}: too many numbers ({forms[kind]})")
+    if kind == "alternating":
+        return Alternating(**dict(zip(("window", "parallel_steps"), numbers)))
+    first_steps = numbers[0] if numbers else 200
+    return TwoPhase(first_steps, Alternating(**dict(zip(("window", "parallel_steps"), numbers[1:]))))
+
+
+# ----------------------------------------------------------------------------- TRL adapter
+
+
+def as_trl_reward(fn_or_name: str | RewardFn, tokenizer=None, answer_key: str = "answer"):
+    """A reward with TRL GRPOTrainer's signature, `f(completions, **kwargs) -> list[float]`.
+
+    `kwargs[answer_key]` holds the gold answers (one per completion); `question` or `problem`
+    columns, when present, fill `Problem.question`. With `tokenizer`, the text and trace come
+    from `completion_ids` decoded with the tags kept. Grading errors are counted in
+    `f.grade_errors` (a Counter of error messages).
+
+    >>> f = as_trl_reward("accuracy")
+    >>> f(completions=["Final Answer: 4", "Final Answer: 5"], answer=["4", "4"]), f.__name__
+    ([1.0, -1.0], 'accuracy')
+    """
+    if isinstance(fn_or_name, str):
+        name, fn = fn_or_name, get_reward(fn_or_name)
+    else:
+        name, fn = getattr(fn_or_name, "__name__", "reward"), fn_or_name
+    tag_ids = TagIds.from_tokenizer(tokenizer) if tokenizer is not None else None
+
+    def reward(completions, **kwargs) -> list[float]:
+        if answer_key not in kwargs:
+            raise NanoparError(f"TRL reward {name!r}: no {answer_key!r} column; got {sorted(kwargs)}")
+        ids = kwargs.get("completion_ids", kwargs.get("completions_ids"))  # the name changed across TRL versions
+        if tokenizer is not None and ids is None:
+            raise NanoparError(f"TRL reward {name!r}: a tokenizer was given but TRL passed no completion_ids")
+        questions = kwargs.get("question", kwargs.get("problem", [""] * len(completions)))
+        values = []
+        for i, completion in enumerate(completions):
+            if tokenizer is not None:
+                text, trace = tokenizer.decode(ids[i], skip_special_tokens=False), parse_ids(ids[i], tag_ids)
+            else:
+                text = _completion_text(completion)
+                trace = parse_trace(text)
+            problem = Problem(f"trl:{i}", str(questions[i]), str(kwargs[answer_key][i]), source="trl")
+            with grading_scope() as grades:
+                values.append(float(fn(text, trace, problem)))
+            reward.grade_errors.update(g.error for g in grades.values() if g.error)
+        return values
+
+    reward.__name__ = name  # TRL logs each reward under its function's name
+    reward.grade_errors = Counter()
+    return reward
+
+
+def _completion_text(completion) -> str:
+    """A TRL completion as text: a string, or the contents of a list of chat messages."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(message["content"] for message in completion)
