@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> Path:
     stages = recipe(config)
     chosen = select(stages, config.stages)
     runner = Runner(config, stages, console)
+    runner.validate(chosen)
     save_config(config, runner.out)
     started = time.perf_counter()
     for stage in chosen:

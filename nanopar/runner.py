@@ -49,6 +49,7 @@ class Runner:
         self.log = MetricsLog(self.out / "metrics.jsonl")
         self.console = console or Console()
         self.instructions = instructions_named(config.instructions)
+        self._problems: dict[str, list[Problem]] = {}  # loaded data sets, by spec
 
     # --- where things are -------------------------------------------------------------------
     def folder(self, stage: Stage) -> Path:
@@ -77,11 +78,22 @@ class Runner:
         return model, tokenizer, TagIds.from_tokenizer(tokenizer)
 
     def problems(self, spec: str) -> list[Problem]:
-        problems = load_problems(spec, self.c.question_field or None, self.c.answer_field or None,
-                                 self.c.limit or None)
-        if not problems:
-            raise NanoparError(f"no problems in {spec}")
-        return problems
+        if spec not in self._problems:
+            self._problems[spec] = load_problems(spec, self.c.question_field or None, self.c.answer_field or None,
+                                                 self.c.limit or None)
+            if not self._problems[spec]:
+                raise NanoparError(f"no problems in {spec}")
+        return self._problems[spec]
+
+    def validate(self, stages: list[Stage]) -> None:
+        """Fail on a bad reward, data set or traces file before any stage runs (not an hour in)."""
+        for stage in stages:
+            if stage.kind == "grpo":
+                schedule_from_string(stage.reward)
+            if stage.kind in ("grpo", "distill"):
+                self.problems(stage.data)
+            if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
+                self.traces(stage)
 
     def prompt(self, problem: Problem, tokenizer) -> list[int]:
         return build_prompt(problem, tokenizer, self.instructions, chat=self.c.chat)

@@ -1,0 +1,151 @@
+"""train.py end to end on the toy world: stages, checkpoints, resume, Ctrl-C, bad input."""
+
+import json
+
+import pytest
+import torch
+
+import nanopar.runner
+import train
+from nanopar import NanoparError
+from nanopar.checkpoint import latest_checkpoint, save_checkpoint
+from nanopar.model import ModelSettings, load_model
+
+SMALL = ["--pretrain-steps", "3", "--sft-steps", "2", "--rl-easy-steps", "3", "--rl-hard-steps", "2",
+         "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--max-path-tokens", "12",
+         "--sft-batch", "8", "--checkpoint-every", "1", "--keep-checkpoints", "0", "--lr", "1e-3",
+         "--easy-reward", "format", "--hard-reward", "format"]  # untrained: format varies, accuracy is all -1
+
+
+def final_weights(run):
+    model, _ = load_model(ModelSettings(str(run / "4-rl-hard" / "final")))
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def crash_on_call(monkeypatch, n, error):
+    """Make the n-th call of the sampler inside the runner raise `error`."""
+    real, calls = nanopar.runner.sample, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nanopar.runner, "sample", flaky)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    straight = train.main(["--out", str(tmp_path / "a"), *SMALL])
+    metrics = [json.loads(l) for l in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m.get("stage") == "rl-easy" and "step" in m] == [1, 2, 3]
+    assert (straight / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    # the same run, killed during rl-easy's third step (the 3rd sampling call), then run again
+    crash_on_call(monkeypatch, 3, RuntimeError("power cut"))
+    with pytest.raises(RuntimeError, match="power cut"):
+        train.main(["--out", str(tmp_path / "b"), *SMALL])
+    assert latest_checkpoint(tmp_path / "b" / "3-rl-easy").name == "checkpoint-2"
+    monkeypatch.undo()
+    resumed = train.main(["--out", str(tmp_path / "b"), *SMALL])
+    a, b = final_weights(straight), final_weights(resumed)
+    assert max((a[n] - b[n]).abs().max().item() for n in a) <= 1e-6
+    assert any((a[n] - final_weights_start(tmp_path)[n]).abs().max() > 0 for n in a)  # training did move them
+    lines = [json.loads(l) for l in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if m.get("stage") == "rl-easy" and "step" in m] == [1, 2, 3]
+
+
+def final_weights_start(tmp_path):
+    model, _ = load_model(ModelSettings(str(tmp_path / "a" / "2-sft" / "final")))
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(tmp_path, monkeypatch):
+    args = ["--out", str(tmp_path), *SMALL, "--checkpoint-every", "0"]
+    crash_on_call(monkeypatch, 2, KeyboardInterrupt())
+    with pytest.raises(SystemExit, match="interrupted: saved .*checkpoint-1; the same command resumes"):
+        train.main(args)
+    assert latest_checkpoint(tmp_path / "3-rl-easy").name == "checkpoint-1"
+    monkeypatch.undo()
+    train.main(args)
+    assert (tmp_path / "4-rl-hard" / "final").is_dir()
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["rl_easy_steps"] == 3 and config["model"] == "tiny:toy"
+
+
+def test_an_interrupted_save_leaves_no_checkpoint_folder(tmp_path, monkeypatch):
+    model, tokenizer = load_model(ModelSettings("tiny:toy"))
+    save_checkpoint(tmp_path / "checkpoint-1", model, tokenizer, step=1)
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path / "checkpoint-2", model, tokenizer, step=2)
+    assert not (tmp_path / "checkpoint-2").exists()
+    assert latest_checkpoint(tmp_path).name == "checkpoint-1"
+    with pytest.raises(OSError):  # replacing an existing checkpoint keeps the old one whole
+        save_checkpoint(tmp_path / "checkpoint-1", model, tokenizer, step=5)
+    assert (tmp_path / "checkpoint-1" / "trainer_state.pt").is_file()
+
+
+def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch):
+    """Cold-start data: with a 'model' that writes a teacher trace for half the tries and a wrong
+    answer for the rest, the stage keeps exactly the problems with a correct, valid trace."""
+    import random
+
+    from nanopar.sampler import Rollout, RolloutStats
+    from nanopar.toy import parallel_trace, toy_problems
+    from nanopar.trace import parse_ids
+
+    problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
+
+    def fake_sample(model, prompts, settings, tags, eos, vocab, samples_per_prompt):
+        tokenizer = nanopar.runner.load_model(ModelSettings("tiny:toy"))[1]
+        rollouts = []
+        for i, prompt in enumerate(prompts):
+            problem = problems[tokenizer.decode(prompt).strip()]
+            good = parallel_trace(problem, random.Random(i))
+            texts = [good.replace("Final Answer:", "Final Answer: 1+") if i % 2 else good] * samples_per_prompt
+            for text in texts:
+                ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+                stats = RolloutStats(len(ids), len(ids), 1, [], len(ids), 0, 0, 0.0, 0)
+                rollouts.append(Rollout(prompt, ids, [True] * len(ids), [0.0] * len(ids), parse_ids(ids, tags),
+                                        "eos", stats))
+        return rollouts
+
+    monkeypatch.setattr(nanopar.runner, "sample", fake_sample)
+    monkeypatch.setattr(nanopar.toy, "TOY_TRAIN_PROBLEMS", 6)
+    with pytest.raises(NanoparError, match="rl-easy starts from stage sft, which is not done"):
+        train.main(["--out", str(tmp_path), "--sft-data", "", "--pretrain-data", "", "--stages",
+                    "cold-start-data,rl-easy", "--distill-tries", "2"])
+    kept = [json.loads(l) for l in (tmp_path / "1-cold-start-data" / "traces.jsonl").read_text().splitlines()]
+    assert len(kept) == 3 and all("Final Answer: 1+" not in r["response"] for r in kept)
+    log = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kept_fraction"] for r in log if r.get("event") == "distill"] == [0.5]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--easy-reward", "acuracy"], "unknown reward 'acuracy'"),
+        (["--recipe", "grpo"], "unknown recipe 'grpo': use one of parallel-r1, npr"),
+        (["--stages", "sft,rl"], "unknown stage(s) rl: this recipe has pretrain, sft, rl-easy, rl-hard"),
+        (["--instructions", "verbose"], "unknown instructions 'verbose'"),
+        (["--easy-data", "missing.jsonl"], "benchmark or file not found: missing.jsonl"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(args, message, tmp_path):
+    with pytest.raises(NanoparError) as error:
+        train.main(["--out", str(tmp_path), *SMALL, "--stages", "rl-easy", *args]
+                   if "--stages" not in args else ["--out", str(tmp_path), *SMALL, *args])
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_broken_traces_file_names_its_line(tmp_path):
+    path = tmp_path / "traces.jsonl"
+    path.write_text('{"question": "q", "answer": "1", "response": "r"}\n{"question": \n')
+    with pytest.raises(NanoparError, match=r"traces.jsonl:2: not valid JSON"):
+        train.main(["--out", str(tmp_path / "run"), *SMALL, "--pretrain-data", "", "--sft-data", str(path)])
