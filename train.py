@@ -27,6 +27,7 @@ from nanopar import NanoparError
 from nanopar.config import parse_config, save_config
 from nanopar.curriculum import recipe, select
 from nanopar.metrics import plot_metrics
+from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner
 
 
@@ -66,6 +67,7 @@ class TrainConfig:
     sft_batch: int = 32  # traces per SFT step
     rl_easy_steps: int = 15  # GRPO steps on easy problems
     rl_hard_steps: int = 15  # GRPO steps on hard problems
+    reward_file: str = ""  # a Python file of your own @register rewards, imported before the run
     easy_reward: str = "parallel"  # reward or schedule of rl-easy
     hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
     distill_tries: int = 1  # distill: samples per problem (NPR's rejection sampling uses 8)
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> Path:
         png = plot_metrics(Path(config.plot) / "metrics.jsonl", Path(config.plot) / "metrics.png")
         console.print(f"wrote {png}")
         return png
+    if config.reward_file:
+        console.print(f"rewards from {config.reward_file}: {', '.join(load_reward_file(config.reward_file))}")
     stages = recipe(config)
     chosen = select(stages, config.stages)
     runner = Runner(config, stages, console)

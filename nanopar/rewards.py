@@ -39,6 +39,9 @@ Adding a reward takes a few lines; its name then works in any spec:
 
     score("accuracy:1,short_and_correct:0.5", text, trace, problem).total
 
+Put it in a file and `train.py --reward-file my_rewards.py --easy-reward short_and_correct`
+(or `eval.py`) imports it with `load_reward_file`, so the name works on the command line.
+
 Schedules choose the spec per training step: `Constant`, `Alternating` (Parallel-R1: in every
 window of 10 steps, 8 with accuracy, the last 2 with the parallel reward), `TwoPhase` (the
 alternating scaffold for the first N steps, accuracy only after); `schedule_from_string` reads
@@ -96,6 +99,20 @@ def register(name: str, replace: bool = False) -> Callable[[RewardFn], RewardFn]
         return fn
 
     return add
+
+
+def load_reward_file(path: str) -> list[str]:
+    """Import a user's Python file so its `@register` rewards exist; return the names it added."""
+    import importlib.util
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise NanoparError(f"reward file not found: {path}")
+    before = set(REWARDS)
+    spec = importlib.util.spec_from_file_location(f"nanopar_user_rewards_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # a bug in the user's file raises here, with its own traceback
+    return sorted(set(REWARDS) - before)
 
 
 def get_reward(name: str) -> RewardFn:

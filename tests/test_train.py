@@ -149,3 +149,26 @@ def test_a_broken_traces_file_names_its_line(tmp_path):
     path.write_text('{"question": "q", "answer": "1", "response": "r"}\n{"question": \n')
     with pytest.raises(NanoparError, match=r"traces.jsonl:2: not valid JSON"):
         train.main(["--out", str(tmp_path / "run"), *SMALL, "--pretrain-data", "", "--sft-data", str(path)])
+
+
+def test_a_reward_file_adds_a_reward_selectable_by_name(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(
+        "from nanopar.rewards import register, is_correct\n\n"
+        "@register('short_and_right')\n"
+        "def short_and_right(text, trace, problem):\n"
+        "    return float(is_correct(text, problem) and len(text) < 50)\n"
+    )
+    args = ["--out", str(tmp_path / "run"), *SMALL, "--reward-file", str(path), "--easy-reward",
+            "short_and_right:1,format:0.1", "--stages", "rl-easy"]
+    with pytest.raises(NanoparError, match="rl-easy starts from stage sft"):  # validation passed first
+        train.main(args)
+    from nanopar.rewards import REWARDS, score
+    from nanopar.toy import make_problems
+    from nanopar.trace import parse_trace
+
+    problem = make_problems("easy", 1, seed=0)[0]
+    assert score("short_and_right", "Final Answer: 9+8-5", parse_trace(""), problem).total == 1.0
+    del REWARDS["short_and_right"]
+    with pytest.raises(NanoparError, match="reward file not found: nope.py"):
+        train.main(["--out", str(tmp_path / "run"), "--reward-file", "nope.py"])
