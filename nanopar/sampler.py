@@ -199,31 +199,25 @@ class _Run:
             tokens, logprobs = draw(logits, self.s.temperature, self.vocab_size, self.s.top_k, self.s.top_p,
                                     self.banned(lanes, logits), self.generator)  # [N], [N]
             drawn, chosen = tokens.tolist(), logprobs.tolist()
-            keep, extra, next_lanes, extra_lanes = [], [], [], []
+            survivors = []  # (a cache row to keep, or the cache piece of a merged lane; the lane)
             for row, lane in enumerate(lanes):
                 response = self.responses[lane.response]
                 if response.finish:  # ended earlier in this step (budget spent by a sibling)
                     continue
                 if lane.then == "fork":
-                    branches = self.fork(lane, response)
-                    keep += [row] * len(branches)
-                    next_lanes += branches
+                    survivors += [(row, branch) for branch in self.fork(lane, response)]
                 elif lane.then == "end_path":
                     merged = self.end_path(lane, row, response)
                     if merged is not None:
-                        extra.append(merged[0])
-                        extra_lanes.append(merged[1])
+                        survivors.append(merged)
                 elif self.advance(lane, response, drawn[row], chosen[row]):
-                    keep.append(row)
-                    next_lanes.append(lane)
-            alive = [i for i, lane in enumerate(next_lanes) if not self.responses[lane.response].finish]
-            keep = [keep[i] for i in alive]
-            next_lanes = [next_lanes[i] for i in alive]
-            alive_extra = [i for i, lane in enumerate(extra_lanes) if not self.responses[lane.response].finish]
-            extra, extra_lanes = [extra[i] for i in alive_extra], [extra_lanes[i] for i in alive_extra]
-            if keep != list(range(len(lanes))) or extra:
-                self.cache.rebuild(keep, extra)
-            lanes = next_lanes + extra_lanes
+                    survivors.append((row, lane))
+            survivors = [(source, lane) for source, lane in survivors if not self.responses[lane.response].finish]
+            kept = [(source, lane) for source, lane in survivors if isinstance(source, int)]
+            merged = [(source, lane) for source, lane in survivors if not isinstance(source, int)]
+            if len(kept) != len(lanes) or merged or any(source != row for row, (source, _) in enumerate(kept)):
+                self.cache.rebuild([source for source, _ in kept], [piece for piece, _ in merged])
+            lanes = [lane for _, lane in kept + merged]
             if lanes:
                 logits = self.forward(lanes)
         return [self.finish(r) for r in self.responses]
