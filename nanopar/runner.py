@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -39,6 +40,8 @@ from .sampler import SamplerSettings, sample
 from .sft import sft_step
 from .show import response_text, trace_tree
 from .tags import TagIds
+
+transformers.logging.disable_progress_bar()  # no "Writing model shards" bar at every checkpoint
 
 
 class Runner:
