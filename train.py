@@ -70,7 +70,7 @@ class TrainConfig:
     reward_file: str = ""  # a Python file of your own @register rewards, imported before the run
     easy_reward: str = "parallel"  # reward or schedule of rl-easy
     hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
-    distill_tries: int = 1  # distill: samples per problem (NPR's rejection sampling uses 8)
+    distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
     # sampling
     prompts_per_step: int = 16  # B: problems per GRPO step
     group_size: int = 8  # G: responses per problem

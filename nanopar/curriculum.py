@@ -53,7 +53,7 @@ def recipe(config) -> list[Stage]:
         stages.append(Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr))
     if c.recipe == "parallel-r1":
         if not c.sft_data:
-            stages.append(Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries))
+            stages.append(Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1))
         return stages + [
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
             Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
@@ -62,7 +62,7 @@ def recipe(config) -> list[Stage]:
     if c.recipe == "npr":
         return stages + [
             Stage("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr),
-            Stage("rejection", "distill", c.easy_data, tries=max(c.distill_tries, 8)),
+            Stage("rejection", "distill", c.easy_data, tries=c.distill_tries or 8),
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr),
             Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
                   lr=c.lr),
