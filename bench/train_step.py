@@ -16,17 +16,26 @@ calls in the same order, micro-batch by micro-batch, each part timed directly:
   forward+backward+opt  `trace_logprobs` (with entropy) + `policy_loss` + backward per micro-batch,
                       then `apply_gradients` (clip, AdamW step): the rest of grpo_update, kl_beta 0
   grpo_update         the library function itself (kl_beta 0) as a check: ~ pi_old read + train
+                      (not for the real vocabulary on CPU: 20 s more per round)
 Contestants: a ~1M-parameter tiny Qwen3 (2k vocabulary) in structured and in causal mode (the
 mode of the sampler and of the training forward), and a tiny Qwen3 with the real 151,936-token
-vocabulary (policy vocabulary 151,675 = Qwen's tokenizer + 6 tags, as in a real run).
+vocabulary (policy vocabulary 151,675 = Qwen's tokenizer + 6 tags, as in a real run); all float32,
+B = 4 prompts x G = 8 responses x 128 sampled tokens, micro-batch 8 (GRPOSettings' default).
+--full-size (GPU only): a randomly initialised model of Qwen2.5-0.5B's or 1.5B's shape (no
+download), reloaded 4-bit NF4, gradient checkpointing, LoRA r16 + tag rows (nanopar.model.apply_lora),
+bf16, B = 4 x G = 8 x 1,024 sampled tokens, micro-batch 2 (the [rows, T, 151,675] float32
+log-probs are the largest tensors of the step, 0.63 GB per row at T = 1,040, and there are several).
 The learning rate is 0: AdamW does all its work but the weights stay put, so every round samples
-the same (seeded) rollouts and times the same work. Each time is the best of REPEATS rounds after
-a warm-up round; every round runs one step of every contestant in turn.
+the same (seeded) rollouts and times the same work. Each time is the best of 5 rounds (the real
+vocabulary: 2, its step takes ~45 s; --quick and --full-size: 1) after a warm-up round; every
+round runs one step of every contestant still racing, in turn. The load average is printed
+before and after: this is a shared machine, and a busy core slows torch's 2-thread CPU kernels
+far more than by half (its worker threads wait on each other).
 Tokens/s: sampling = response tokens written (sampled + inserted tags) per second; the reads and
 training = tokens the forward reads (prompt + response, padding excluded) per second.
 Peak memory per part: on CPU the peak resident set of the process (psutil, sampled every 2 ms by
-a thread) minus the one at the start of the part, measured in one extra, untimed step per
-contestant, after freed heap pages are handed back to the system (glibc `malloc_trim`); on a GPU
+a thread) minus the one at the start of the part, after freed heap pages are handed back to the
+system (glibc `malloc_trim`), measured in the untimed warm-up step; on a GPU
 `torch.cuda.max_memory_allocated` during the part: absolute, weights and optimiser state included.
 Not here: rewards (random numbers), data loading, logging, checkpoints.
 """
@@ -37,6 +46,7 @@ import argparse
 import contextlib
 import ctypes
 import math
+import os
 import tempfile
 import threading
 import time
@@ -77,9 +87,15 @@ class Contestant:
     new_tokens: int  # sampled tokens per response
     micro_batch: int  # rows per forward/backward
     rewards: torch.Tensor  # [B * G] fixed +-1 rewards
+    repeats: int = 2  # timed rounds (the best counts), after a warm-up round
+    check: bool = True  # also time grpo_update itself in the timed rounds
 
     def __post_init__(self):
         self.optimizer, _ = make_optimizer(self.model, lr=0.0)  # lr 0: same work, weights stay put
+        for p in self.optimizer.param_groups[0]["params"]:  # create AdamW's state now, so that
+            p.grad = torch.zeros_like(p)  # the first measured step does not allocate it
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.reference = Reference(self.model)
         rows = self.model.get_output_embeddings().weight.shape[0]
         dtype = self.model.get_output_embeddings().weight.dtype
@@ -88,11 +104,13 @@ class Contestant:
             self.bias[getattr(self.tags, name)] = math.log(rate * self.vocab_size)
 
 
-def tiny_contestant(name, mode, vocab, tokenizer_vocab, args, device, **shape):
+def tiny_contestant(name, mode, vocab, tokenizer_vocab, args, device, repeats, check, **shape):
     model = tiny_qwen_model(vocab_size=vocab, **shape).to(device)
+    name = f"{name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M), {mode}"
     tags = TagIds(*range(tokenizer_vocab, tokenizer_vocab + 6))  # the tags end the policy vocabulary
     return Contestant(name, model, mode, tags, tokenizer_vocab + 6, make_prompts(args.prompts, tags),
-                      args.group, args.new_tokens, args.micro_batch, make_rewards(args.prompts * args.group))
+                      args.group, args.new_tokens, args.micro_batch, make_rewards(args.prompts * args.group),
+                      1 if args.quick else repeats, check)
 
 
 def make_prompts(batch, tags: TagIds, length=16, seed=0):
@@ -164,8 +182,9 @@ class Clock:
 
 
 # --- one step --------------------------------------------------------------------------------
-def grpo_step(c: Contestant, clock: Clock) -> dict:
-    """One GRPO step of `c`, part by part through `clock`. -> sizes for the table"""
+def grpo_step(c: Contestant, clock: Clock, check: bool = True) -> dict:
+    """One GRPO step of `c`, part by part through `clock`, then (`check`) grpo_update itself on
+    the same rollouts. -> sizes for the table"""
     model = c.model
     settings = SamplerSettings(mode=c.mode, temperature=1.0, max_new_tokens=c.new_tokens, seed=0)
     hook = model.get_output_embeddings().register_forward_hook(lambda m, a, out: out + c.bias)
@@ -208,12 +227,14 @@ def grpo_step(c: Contestant, clock: Clock) -> dict:
             new, entropy = trace_logprobs(model, micro, **read, with_entropy=True)  # [b, T-1] each
             loss = policy_loss(new, old[j], adv[s], micro.target_mask, total, grpo.clip)
             loss.backward()
-            loss.item(), (entropy * micro.target_mask).sum().item()  # what grpo_update logs
+            loss.item()  # grpo_update logs the loss and the entropy: each a sync
+            (entropy * micro.target_mask).sum().item()
         apply_gradients(model, c.optimizer, grpo.max_grad_norm)
 
     clock("train", train)
-    clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, grpo, c.tags, c.mode,
-                                             1.0, c.vocab_size, PAD))
+    if check:
+        clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, grpo, c.tags, c.mode,
+                                                 1.0, c.vocab_size, PAD))
     widths = [batch.rows(s).input_ids.shape[1] for s in slices]
     return dict(
         responses=len(rollouts), new_tokens=sum(r.stats.new_tokens for r in rollouts),
@@ -224,52 +245,54 @@ def grpo_step(c: Contestant, clock: Clock) -> dict:
     )
 
 
-def race(contestants, device, repeats):
-    """Best seconds of every part of every contestant over `repeats` rounds after a warm-up,
-    one step each per round in turn; then (CPU) one untimed step each for peak memory."""
+def race(contestants, device):
+    """Best seconds of every part of every contestant over its `repeats` rounds after a warm-up
+    round; each round runs one step of every contestant still racing, in turn. Peak memory is
+    measured in the warm-up round (its times are thrown away: on CPU the watching thread costs
+    time), and on a GPU in every round. grpo_update itself runs in the timed rounds only."""
     best = [dict() for _ in contestants]
     peaks = [dict() for _ in contestants]
     sizes = [None] * len(contestants)
-    for round in range(repeats + 1):
+    for round in range(max(c.repeats for c in contestants) + 1):
         for i, c in enumerate(contestants):
-            clock = Clock(device, memory=False)
-            sizes[i] = grpo_step(c, clock)
+            if round > c.repeats:
+                continue
+            clock = Clock(device, memory=round == 0)
+            sizes[i] = grpo_step(c, clock, check=c.check and round > 0)
+            for part, mb in clock.peak_mb.items():
+                peaks[i][part] = max(peaks[i].get(part, 0.0), mb)
             for part, seconds in clock.seconds.items():
                 best[i][part] = min(best[i].get(part, math.inf), seconds) if round else math.inf
-            for part, mb in clock.peak_mb.items():  # GPU: every step measures it
-                peaks[i][part] = max(peaks[i].get(part, 0.0), mb)
-    if device.type == "cpu":
-        for i, c in enumerate(contestants):
-            clock = Clock(device, memory=True)
-            grpo_step(c, clock)
-            peaks[i] = clock.peak_mb
     return best, peaks, sizes
 
 
 # --- the table -------------------------------------------------------------------------------
-def add_rows(table, c: Contestant, best, peak, size, memory_label):
+def add_rows(table, c: Contestant, best, peak, size):
     step = best["sample"] + best["old"] + best["train"]  # kl_beta 0
-    read_rate = lambda seconds: f"{size['read_tokens'] / seconds:,.0f}"
-    rows = [
-        ("sample", best["sample"], f"{size['new_tokens'] / best['sample']:,.0f}",
-         f"{size['responses']} responses x {c.new_tokens} sampled, {size['new_tokens']:,} tokens with tags; "
-         f"{size['forks']} forks; KV cache {size['cache_mb']:.1f} MB"),
-        ("pi_old read (no grad)", best["old"], read_rate(best["old"]),
-         f"{size['read_tokens']:,} tokens read in {size['micro']} micro-batches, longest row T = {size['T']}"),
-        ("KL reference read (kl>0)", best["ref"], read_rate(best["ref"]), "same read inside Reference.active()"),
-        ("  layout (in each read)", best["layout"], "", f"4D mask of a micro-batch {size['mask_mb']:.2f} MB"),
-        ("forward+backward+opt", best["train"], read_rate(best["train"]),
-         f"{size['trained']:,} sampled tokens in the loss; micro-batch {c.micro_batch}"),
-        ("grpo_update (kl 0)", best["grpo_update"], read_rate(best["grpo_update"]),
-         f"check: pi_old read + train = {best['old'] + best['train']:.3f} s"),
+    rate = lambda key, tokens: f"{tokens / best[key]:,.0f}"
+    read = size["read_tokens"]
+    rows = [  # (part key, label, tokens/s, note)
+        ("sample", "sample", rate("sample", size["new_tokens"]),
+         f"{size['responses']} x {c.new_tokens} sampled = {size['new_tokens']:,} tokens with tags; "
+         f"{size['forks']} fork(s); KV {size['cache_mb']:.1f} MB"),
+        ("old", "pi_old read (no grad)", rate("old", read),
+         f"{read:,} tokens read, {size['micro']} micro-batch(es), longest row {size['T']}"),
+        ("ref", "KL reference read (kl>0)", rate("ref", read), "the same inside Reference.active()"),
+        ("layout", "  layout (in each read)", "", f"4D mask: {size['mask_mb']:.2f} MB per micro-batch"),
+        ("train", "forward+backward+opt", rate("train", read),
+         f"{size['trained']:,} sampled tokens in the loss, micro-batch {c.micro_batch}"),
     ]
-    for i, (part, seconds, rate, note) in enumerate(rows):
-        key = ["sample", "old", "ref", "layout", "train", "grpo_update"][i]
-        share = f"{100 * seconds / step:.0f}%" if key in ("sample", "old", "ref", "train") else ""
-        table.add_row(c.name if i == 0 else "", part, f"{seconds:.3f}", share, rate,
-                      f"{peak.get(key, float('nan')):,.0f}", note)
-    table.add_row("", "step, kl 0 (kl > 0)", f"{step:.3f} ({step + best['ref']:.3f})", "100%", "", "",
-                  "sample + pi_old read + train (+ reference read)", end_section=True)
+    if "grpo_update" in best:
+        rows.append(("grpo_update", "grpo_update (kl 0)", rate("grpo_update", read),
+                     f"check: pi_old read + train = {best['old'] + best['train']:.3f} s"))
+    for i, (key, label, tokens_per_second, note) in enumerate(rows):
+        share = f"{100 * best[key] / step:.0f}%" if key in ("sample", "old", "ref", "train") else ""
+        table.add_row(c.name if i == 0 else "", label, f"{best[key]:.3f}", share, tokens_per_second,
+                      f"{peak[key]:,.0f}" if key in peak else "-", note)
+    table.add_row("", "step, kl 0 (kl > 0)", f"{step:.3f} ({step + best['ref']:.3f})", "100%", "",
+                  f"{max(peak.values()):,.0f}" if peak else "",
+                  f"sample + pi_old + train (+ ref); best of {c.repeats} after a warm-up",
+                  end_section=True)
 
 
 def full_size_contestant(size, args, device):
@@ -281,19 +304,21 @@ def full_size_contestant(size, args, device):
 
     config = Qwen2Config(**QWEN25[size], num_key_value_heads=2, vocab_size=REAL_VOCAB, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
-    folder = tempfile.mkdtemp(prefix="nanopar-bench-")
-    settings = ModelSettings(folder, device=device.type, load_in_4bit=True, lora=True, gradient_checkpointing=True)
+    settings = ModelSettings("random", device=device.type, load_in_4bit=True, lora=True, gradient_checkpointing=True)
     device_name, dtype = resolve_device_and_dtype(settings)
-    with torch.device(device):
-        AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, **_model_kwargs(settings, device_name, dtype))
+    with tempfile.TemporaryDirectory(prefix="nanopar-bench-") as folder:  # ~1 / 3 GB in bf16
+        with torch.device(device):
+            AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, **_model_kwargs(settings, device_name, dtype))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the bf16 model that was saved
     disable_bnb_cpu_repack(model)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     tags = TagIds(*range(REAL_TOKENIZER, REAL_TOKENIZER + 6))  # where Qwen's tokenizer puts them
     model = apply_lora(model, settings, tags)
-    name = f"Qwen2.5-{size.upper()} shape, random, 4-bit + LoRA r{settings.lora_rank}"
+    name = f"Qwen2.5-{size.upper()} shape, random, 4-bit + LoRA r{settings.lora_rank}, structured"
     return Contestant(name, model, "structured", tags, REAL_TOKENIZER + 6, make_prompts(args.prompts, tags),
-                      args.group, args.new_tokens, args.micro_batch, make_rewards(args.prompts * args.group))
+                      args.group, args.new_tokens, args.micro_batch, make_rewards(args.prompts * args.group), 1)
 
 
 def main():
@@ -308,31 +333,31 @@ def main():
     args.prompts, args.group = (2, 4) if args.quick else (4, 8)  # B, G
     args.new_tokens = 1024 if args.full_size else 32 if args.quick else 128
     args.micro_batch = args.micro_batch or (2 if args.full_size else 8)
-    repeats = 1 if args.quick or args.full_size else 3
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     console = Console(width=200)
-    console.print(f"device: {device.type} ({where})")
+    console.print(f"device: {device.type} ({where}); load average before: {os.getloadavg()[0]:.2f}")
     torch.manual_seed(0)
     if args.full_size:
         contestants = [full_size_contestant(args.full_size, args, device)]
     else:
         small = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
         contestants = [
-            tiny_contestant("1M params, 2k vocab", "structured", 2048, 2042, args, device, **small),
-            tiny_contestant("1M params, 2k vocab", "causal", 2048, 2042, args, device, **small),
-            tiny_contestant("real 151,936 vocab", "structured", REAL_VOCAB, REAL_TOKENIZER, args, device,
+            tiny_contestant("1M params, 2k vocab", "structured", 2048, 2042, args, device, 5, True, **small),
+            tiny_contestant("1M params, 2k vocab", "causal", 2048, 2042, args, device, 5, True, **small),
+            # a step takes ~45 s on a 2-core CPU: best of 2, and grpo_update not timed again (+20 s)
+            tiny_contestant("real 151,936 vocab", "structured", REAL_VOCAB, REAL_TOKENIZER, args, device, 2, False,
                             hidden_size=64, num_layers=2),
         ]
-    best, peaks, sizes = race(contestants, device, repeats)
+    best, peaks, sizes = race(contestants, device)
     memory_label = "peak MB (cuda max allocated)" if device.type == "cuda" else "peak MB (RSS rise)"
     table = Table(title=f"one GRPO step, part by part ({where}, B={args.prompts} x G={args.group}, "
-                        f"{args.new_tokens} new tokens, best of {repeats}{', quick' if args.quick else ''})")
+                        f"{args.new_tokens} new tokens{', quick' if args.quick else ''})")
     for column in ("model", "part", "seconds", "% of step", "tokens/s", memory_label, "note"):
         table.add_column(column)
     for c, b, p, s in zip(contestants, best, peaks, sizes):
-        c.name = f"{c.name} ({sum(p.numel() for p in c.model.parameters()) / 1e6:.1f}M), {c.mode}"
-        add_rows(table, c, b, p, s, memory_label)
+        add_rows(table, c, b, p, s)
     console.print(table)
+    console.print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
