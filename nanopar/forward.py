@@ -75,7 +75,10 @@ def trace_logprobs(model, batch: TokenBatch, tag_ids: TagIds, mode: str, tempera
     logprobs = policy_logprobs(logits, temperature, vocab_size)  # [B, T-1, V']
     chosen = logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
     entropy = None
-    if with_entropy:
+    if with_entropy:  # only where a loss is taken: a full [B, T, V] pass costs as much as the loss
         with torch.no_grad():
-            entropy = -(logprobs.exp() * logprobs).sum(-1)  # [B, T-1]
+            entropy = torch.zeros_like(chosen)  # [B, T-1]
+            where = batch.target_mask > 0
+            picked = logprobs[where]  # [n, V']
+            entropy[where] = -(picked.exp() * picked).sum(-1)
     return chosen, entropy

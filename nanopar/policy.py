@@ -18,8 +18,12 @@ import torch
 
 def policy_logprobs(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
     """log softmax(logits / T) over the real vocabulary. [..., V] -> [..., vocab_size], float32."""
-    logits = logits[..., :vocab_size].float()
-    return torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+    if vocab_size is not None and vocab_size < logits.shape[-1]:
+        logits = logits[..., :vocab_size]  # (a slice costs a full copy in backward: only when needed)
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, vocab_size: int | None):
@@ -37,7 +41,7 @@ def draw(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. -> (tokens [N] long, their policy log-probs [N])"""
-    logits = logits[:, :vocab_size].float()  # [N, V']
+    logits = logits[:, :vocab_size].float()  # [N, V'] (no grad here: the slice is free)
     if banned is not None:
         banned = banned[:, : logits.shape[-1]]
     if temperature <= 0:  # greedy: no [N, V] log-softmax needed, one logsumexp
@@ -54,5 +58,17 @@ def draw(
         probs = sorted_scores.softmax(-1)
         drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass before a token; the first is kept
         scores = scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    tokens = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)  # [N]
+    tokens = sample_categorical(scores.softmax(-1), generator)  # [N]
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row by inverting the CDF: [N, V] probabilities -> [N] ids.
+
+    The same distribution as `torch.multinomial(probs, 1)`, which on a CPU draws a random number
+    per vocabulary entry (151,936 per row per step for Qwen: 20 of 22 s of a sampling benchmark);
+    this draws one per row. `right=True` never lands on a zero-probability id.
+    """
+    cdf = probs.cumsum(-1)  # [N, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]  # [N, 1]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)

@@ -38,3 +38,14 @@ def test_top_k_top_p_and_bans_restrict_the_draws_but_not_the_recorded_logprob():
     assert 0 not in tokens.tolist() and abs((tokens == 1).float().mean() - 0.5) < 0.03
     hot, _ = draw(logits, 0.01, None, generator=g)  # a low temperature is almost greedy
     assert (hot == 0).all()
+
+
+def test_inverse_cdf_draws_follow_the_distribution_and_skip_zero_probabilities():
+    from nanopar.policy import sample_categorical
+
+    g = torch.Generator().manual_seed(1)
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).expand(20000, 6)
+    tokens = sample_categorical(probs, g)
+    counts = torch.bincount(tokens, minlength=6).float() / len(tokens)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert torch.allclose(counts[[1, 3, 4]], torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
