@@ -62,7 +62,7 @@ def generate_baseline(model, batch_prompts):
         input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
         do_sample=False, pad_token_id=0, eos_token_id=None, return_dict_in_generate=True,
     )
-    cache = out.past_key_values if hasattr(out, "past_key_values") else out.cache
+    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
 

@@ -44,10 +44,10 @@ def draw(
     logits = logits[:, :vocab_size].float()  # [N, V'] (no grad here: the slice is free)
     if banned is not None:
         banned = banned[:, : logits.shape[-1]]
-    if temperature <= 0:  # greedy: no [N, V] log-softmax needed, one logsumexp
+    if temperature <= 0:  # greedy: the argmax, and its log-prob at temperature 1
         scores = logits if banned is None else logits.masked_fill(banned, float("-inf"))
         tokens = scores.argmax(-1)  # [N]
-        return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(-1)
+        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
     logprobs = policy_logprobs(logits, temperature, None)  # [N, V']
     scores = logprobs if banned is None else logprobs.masked_fill(banned, float("-inf"))
     if 0 < top_k < scores.shape[-1]:
