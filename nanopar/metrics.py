@@ -58,9 +58,9 @@ class MetricsLog:
         """On resume: forget lines of `stage` past `step` (written after the last checkpoint)."""
         if not self.path.exists():
             return
-        lines = self.path.read_text().splitlines()
-        kept = [l for l in lines if not (json.loads(l).get("stage") == stage and json.loads(l).get("step", 0) > step)]
-        self.path.write_text("".join(l + "\n" for l in kept))
+        records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        kept = [r for r in records if not (r.get("stage") == stage and r.get("step", 0) > step)]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
 PLOTTED = ("reward", "accuracy", "parallel_ratio", "relative_position")
