@@ -6,6 +6,7 @@ One loader for three kinds of source, all ending as a list of `Problem`:
     load_problems("data/my_set.jsonl")             # JSON Lines, one record per line
     load_problems("prompts.txt")                   # plain text, one question per line, no answers
     load_problems("openai/gsm8k:main", split="test")   # a hub data set (owner/name[:config])
+    load_problems("toy:easy")                     # the toy world's generated problems (toy.py)
 
 Shipped benchmarks (offline, see nanopar/benchmarks/README.md): gsm8k (test, 1,319), gsm8k_train
 (7,473), math500, aime24, aime25, amc23. Large training sets (DAPO-Math-17k) are not shipped:
