@@ -29,7 +29,6 @@ from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
 from .curriculum import Stage
 from .data import Problem, load_problems, read_jsonl, write_jsonl
-from .format import check_format
 from .grpo import GRPOSettings, Reference, group_advantages, grpo_update
 from .metrics import MetricsLog, rollout_metrics
 from .model import ModelSettings, load_model
@@ -143,8 +142,9 @@ class Runner:
                 for k, problem in enumerate(batch):
                     for rollout in rollouts[k * stage.tries : (k + 1) * stage.tries]:
                         text = response_text(rollout, tokenizer, eos)
-                        result = score("parallel", text, rollout.trace, problem)
-                        if result.total > 0 and check_format(text).ok:
+                        # `parallel` is +1 only for a correct answer with a valid block in a text
+                        # that passes Algorithm 1: exactly the traces worth keeping
+                        if score("parallel", text, rollout.trace, problem).total > 0:
                             kept.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
                                          "response": text})
                             break
