@@ -59,7 +59,7 @@ from rich.table import Table
 
 from nanopar.forward import trace_logprobs
 from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update, policy_loss, rollout_batch
-from nanopar.layout import build_layout
+from nanopar.layout import build_layout, mask_dtype
 from nanopar.optim import apply_gradients, make_optimizer
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import TagIds
@@ -214,7 +214,7 @@ def grpo_step(c: Contestant, clock: Clock, check: bool = True) -> dict:
             return no_grad_read(batch)
 
     clock("ref", reference_read)
-    dtype = model.get_input_embeddings().weight.dtype
+    dtype = mask_dtype(model)
     clock("layout", lambda: [build_layout(batch.rows(s).input_ids, c.tags, c.mode, batch.rows(s).attention_mask,
                                           batch.rows(s).prompt_lengths, dtype) for s in slices])
     total = batch.target_mask.sum().clamp(min=1)  # sampled tokens in the whole batch

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import build_layout
+from .layout import build_layout, mask_dtype
 from .policy import policy_logprobs
 from .tags import TagIds
 
@@ -54,7 +54,7 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
     real = torch.zeros(B, T, dtype=torch.long)
     target, logged = torch.zeros(B, T - 1), torch.zeros(B, T - 1)
     for i, (prompt, response) in enumerate(zip(prompts, responses)):
-        n, span = len(prompt), slice(len(prompt) - 1, len(prompt) - 1 + len(response))
+        span = slice(len(prompt) - 1, len(prompt) - 1 + len(response))  # targets of the response
         ids[i, : lengths[i]] = torch.tensor(prompt + response)
         real[i, : lengths[i]] = 1
         target[i, span] = torch.tensor(weights[i], dtype=torch.float)
@@ -67,9 +67,8 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
 def trace_logprobs(model, batch: TokenBatch, tag_ids: TagIds, mode: str, temperature: float = 1.0,
                    vocab_size: int | None = None, with_entropy: bool = False):
     """Log-probs of each next token under the policy. -> ([B, T-1], entropy [B, T-1] or None)"""
-    dtype = model.get_input_embeddings().weight.dtype
     layout = build_layout(batch.input_ids, tag_ids, mode, batch.attention_mask, batch.prompt_lengths,
-                          dtype=dtype if dtype.is_floating_point else torch.float32)
+                          dtype=mask_dtype(model))
     logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
                    position_ids=layout.position_ids).logits[:, :-1]  # [B, T-1, V]
     logprobs = policy_logprobs(logits, temperature, vocab_size)  # [B, T-1, V']

@@ -41,6 +41,13 @@ class Layout:
     position_ids: torch.Tensor  # [B, T] long; pads are 0
 
 
+def mask_dtype(model) -> torch.dtype:
+    """The dtype a model's additive masks take: its compute dtype (float32 under 4-bit, whose
+    embedding stays in the compute dtype; float32 if the embedding is not a float tensor)."""
+    dtype = model.get_input_embeddings().weight.dtype
+    return dtype if dtype.is_floating_point else torch.float32
+
+
 def structured_roles(
     ids: list[int], tag_ids: TagIds, prompt_length: int = 0
 ) -> tuple[list[int], list[int], list[int]]:

@@ -43,7 +43,7 @@ import torch
 
 from . import NanoparError
 from .kvcache import LaneCache, cache_from_pieces, join
-from .layout import MODES, build_layout
+from .layout import MODES, build_layout, mask_dtype
 from .policy import draw
 from .tags import TagIds
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -170,8 +170,7 @@ def sample(
     generator = None
     if settings.seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(settings.seed)
-    dtype = model.get_input_embeddings().weight.dtype
-    dtype = dtype if dtype.is_floating_point else torch.float32
+    dtype = mask_dtype(model)
     eos = set(eos_ids)
     sampler = _Run(model, settings, tag_ids, eos, vocab_size, generator, dtype)
     try:
