@@ -1,0 +1,323 @@
+"""Evaluate a model on benchmarks with the papers' metrics; compare runs; re-score saved samples.
+
+    python eval.py                                        # the toy model `python train.py` made
+    python eval.py --model Qwen/Qwen2.5-1.5B-Instruct --instructions parallel --paths 2 \\
+        --benchmarks gsm8k,math500,aime24,aime25,amc23 --samples 16 --max-new-tokens 4096 \\
+        --max-path-tokens 2048 --temperature 1.0 --limit 100 --out runs/eval-qwen
+    python eval.py --model tiny:toy --benchmarks toy:easy:heldout,gsm8k --limit 8   # machinery only
+    python eval.py --compare runs/eval-a/summary.json runs/eval-b/summary.json
+    python eval.py --rescore runs/eval/samples.jsonl --reward accuracy:1,format:0.2 [--reward-file f.py]
+
+Defaults: the model the README's first command trains (`runs/default/4-rl-hard/final`) on the toy
+world's held-out problems (200 easy, 200 hard, never drawn in training), 4 samples each, with the
+sampler budgets train.py uses: about half a minute on a 2-core CPU. The toy model cannot read
+math text, so the math benchmarks (gsm8k, math500, aime24, aime25, amc23, shipped in
+nanopar/benchmarks/) are for a real Qwen: name them with --benchmarks. Any .jsonl file or hub data
+set works too, with --question-field / --answer-field for its field names.
+
+Per benchmark (nanopar/evaluation.py): mean@k (Parallel-R1's Mean@16, NPR's avg@8), unbiased
+pass@k, parallel ratio, relative position of <Parallel>, blocks per response, paths per block,
+format-valid rate (Algorithm 1), answer-parse failures, acceleration (tokens / critical-path
+tokens), length, truncation, decode tokens/s and NPR's speedup: the first --speedup-batches
+sampler calls are decoded again without forking (the tags read as text), same prompts, seeds and
+budget, and the speedup is the ratio of the two tokens/s.
+
+Writes to --out: config.json (this config), samples.jsonl (one record per problem and sample,
+tagged with its benchmark: prompt, response, grade, structure, the rollout; rewritten after each
+benchmark) and summary.json (the metrics). --rescore grades saved responses again with any reward
+spec, no model needed, and prints the reward's distribution and its correlation with correctness.
+Left out: majority voting (maj@k), LLM judges, confidence intervals, multi-GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from nanopar import NanoparError
+from nanopar.config import parse_config, save_config
+from nanopar.data import load_problems, read_jsonl, write_jsonl
+from nanopar.evaluation import decode_rate, evaluate, rescore, reward_report, sequential_rate, summarize
+from nanopar.model import ModelSettings, load_model
+from nanopar.prompts import instructions_named
+from nanopar.rewards import load_reward_file, parse_reward_spec
+from nanopar.sampler import SamplerSettings
+
+TOY_RUN_MODEL = "runs/default/4-rl-hard/final"  # what `python train.py` leaves
+
+
+@dataclass
+class EvalConfig(SamplerSettings):
+    # what to evaluate
+    model: str = TOY_RUN_MODEL  # hub id, local folder, nanopar checkpoint (LoRA adapter), or tiny:toy / tiny:qwen3
+    benchmarks: str = "toy:easy:heldout,toy:hard:heldout"  # comma list: gsm8k, math500, aime24, aime25, amc23, .jsonl, hub name, toy:...
+    question_field: str = ""  # question field of .jsonl / hub records ("" = question/problem/prompt)
+    answer_field: str = ""  # gold answer field ("" = answer)
+    split: str = "test"  # split of hub data sets
+    limit: int = 0  # only the first N problems of each benchmark (0 = all)
+    load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
+    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
+    device: str = "auto"  # cpu / cuda / auto
+    # how to sample (every SamplerSettings knob is a flag; these defaults are train.py's toy ones)
+    samples: int = 4  # k: responses per problem (mean@k, pass@k)
+    pass_k: int = 0  # k of pass@k (0 = --samples)
+    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
+    chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    batch_size: int = 32  # problems per sampler call
+    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2)
+    max_new_tokens: int = 160  # sampled tokens per response, over all branches
+    max_path_tokens: int = 48  # sampled tokens per path
+    seed: int | None = 0  # sampler call b of each benchmark is seeded with seed + b
+    speedup_batches: int = 1  # sampler calls per benchmark decoded again without forking, for the speedup (0 = off)
+    out: str = "runs/eval"  # folder for config.json, samples.jsonl, summary.json
+    # other jobs
+    compare: tuple[str, ...] = ()  # two summary.json files: print them side by side with differences, and exit
+    rescore: str = ""  # a samples.jsonl: re-score its responses with --reward, and exit
+    reward: str = "accuracy"  # reward spec for --rescore, e.g. "accuracy:1,format:0.2"
+    reward_file: str = ""  # a Python file of your own @register rewards, imported first
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_config(EvalConfig, argv, description=__doc__.split("\n")[0])
+    console = Console()
+    if config.compare:
+        return compare(config.compare, console)
+    if config.reward_file:
+        console.print(f"rewards from {config.reward_file}: {', '.join(load_reward_file(config.reward_file))}")
+    if config.rescore:
+        return rescore_file(config.rescore, config.reward, console)
+    return run(config, console)
+
+
+# ----------------------------------------------------------------------------- evaluating
+
+
+def run(config: EvalConfig, console: Console) -> dict:
+    settings = SamplerSettings(**{f: getattr(config, f) for f in SamplerSettings.__dataclass_fields__})
+    settings.check()  # everything that can be wrong fails before the (slow) model load
+    instructions = instructions_named(config.instructions)
+    if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0:
+        raise NanoparError("--samples and --batch-size must be >= 1, --speedup-batches >= 0")
+    if not 0 <= config.pass_k <= config.samples:
+        raise NanoparError(f"--pass-k must be between 1 and --samples ({config.samples}), or 0; got {config.pass_k}")
+    benchmarks = {name: load_benchmark(name, config) for name in config.benchmarks.split(",") if name.strip()}
+    if not benchmarks:
+        raise NanoparError("no benchmark: give --benchmarks, a comma list")
+    if config.model == TOY_RUN_MODEL and not Path(TOY_RUN_MODEL).exists():
+        raise NanoparError(f"no model at {TOY_RUN_MODEL}: run `python train.py` first (the toy curriculum), "
+                           "or give --model (hub id, folder, checkpoint, or tiny:toy for a random toy model)")
+    model, tokenizer = load_model(ModelSettings(config.model, dtype=config.dtype, device=config.device,
+                                                load_in_4bit=config.load_in_4bit))
+    out = Path(config.out)
+    save_config(config, out)
+    summary = {"model": config.model, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}
+    records: list[dict] = []
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        for name, problems in benchmarks.items():
+            task = bar.add_task(name, total=len(problems))
+            began = time.perf_counter()
+            found = evaluate(model, tokenizer, problems, settings, config.samples, instructions, config.chat,
+                             config.batch_size, progress=lambda done, task=task: bar.update(task, completed=done))
+            metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, settings,
+                                                                      instructions, config)
+            summary["benchmarks"][name] = metrics | {"seconds": time.perf_counter() - began}
+            summary["average"] = average(summary["benchmarks"])
+            records += [{"benchmark": name, **r} for r in found]
+            write_jsonl(out / "samples.jsonl", records)
+            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            bar.update(task, description=f"{name} mean@{config.samples} {metrics['accuracy']:.1%}")
+            console.print(brief_table(name, metrics, config.samples))
+    console.print(results_table(summary, title=f"{config.model} · {config.mode} · {config.samples} samples"))
+    console.print(f"{time.perf_counter() - started:.0f} s; wrote {out / 'summary.json'}, {out / 'samples.jsonl'}")
+    return summary
+
+
+def load_benchmark(name: str, config: EvalConfig):
+    problems = load_problems(name.strip(), config.question_field or None, config.answer_field or None,
+                             config.limit or None, config.split)
+    if not problems:
+        raise NanoparError(f"no problems in {name.strip()}")
+    return problems
+
+
+def speed(records, model, tokenizer, problems, settings, instructions: str, config: EvalConfig) -> dict:
+    """Decode tokens/s of the run; with --speedup-batches, NPR's speedup over sequential decoding."""
+    metrics = {"tokens_per_second": decode_rate(records)["tokens_per_second"]}
+    if config.speedup_batches:
+        count = config.speedup_batches * config.batch_size
+        parallel = decode_rate(records, config.speedup_batches)["tokens_per_second"]
+        sequential = sequential_rate(model, tokenizer, problems[:count], settings, config.samples, instructions,
+                                     config.chat, config.batch_size)["tokens_per_second"]
+        metrics |= {"speedup_batches": config.speedup_batches, "parallel_tokens_per_second": parallel,
+                    "sequential_tokens_per_second": sequential,
+                    "speedup": parallel / sequential if parallel and sequential else None}
+    return metrics
+
+
+def average(benchmarks: dict[str, dict]) -> dict:
+    """The unweighted mean over benchmarks (Parallel-R1's "avg" column) of the headline rates."""
+    return {key: statistics.fmean(m[key] for m in benchmarks.values())
+            for key in ("accuracy", "pass_at_k", "parallel_ratio", "format_valid")}
+
+
+# ----------------------------------------------------------------------------- tables
+
+# (key, label, kind) of a summary's rows; kind: "rate" as a percentage, "number", "count"
+ROWS = [
+    ("problems", "problems", "count"),
+    ("samples", "responses", "count"),
+    ("accuracy", "mean@k (accuracy)", "rate"),
+    ("pass_at_k", "pass@k", "rate"),
+    ("parallel_ratio", "parallel ratio", "rate"),
+    ("relative_position", "<Parallel> position", "number"),
+    ("blocks_per_response", "blocks / response", "number"),
+    ("paths_per_block", "paths / block", "number"),
+    ("format_valid", "format valid", "rate"),
+    ("parse_failures", "answer parse failures", "rate"),
+    ("acceleration", "acceleration (x)", "number"),
+    ("response_length", "length (tokens)", "number"),
+    ("truncation_rate", "truncated", "rate"),
+    ("tokens_per_second", "decode tokens/s", "count"),
+    ("parallel_tokens_per_second", "  parallel (speedup batches)", "count"),
+    ("sequential_tokens_per_second", "  sequential, same prompts", "count"),
+    ("speedup", "speedup (x)", "number"),
+    ("seconds", "seconds", "count"),
+]
+KINDS = {key: kind for key, _, kind in ROWS}
+
+
+def cell(value, kind: str) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "count": f"{value:,.0f}"}[kind]
+
+
+def results_table(summary: dict, title: str = "") -> Table:
+    """Metrics as rows, one column per benchmark, and the average over benchmarks."""
+    table = Table(title=escape(title))
+    table.add_column("metric")
+    benchmarks = summary["benchmarks"]
+    for name in benchmarks:
+        table.add_column(escape(name), justify="right")
+    with_average = len(benchmarks) > 1
+    if with_average:
+        table.add_column("average", justify="right")
+    k = {"accuracy": summary["samples_per_problem"], "pass_at_k": next(iter(benchmarks.values()))["k"]}
+    for key, label, kind in ROWS:
+        if any(key in m for m in benchmarks.values()):
+            mean = [cell(summary["average"].get(key), kind)] if with_average else []
+            label = label.replace("@k", f"@{k[key]}") if key in k else label
+            table.add_row(label, *[cell(m.get(key), kind) for m in benchmarks.values()], *mean)
+    return table
+
+
+def brief_table(name: str, metrics: dict, samples: int) -> Table:
+    """One benchmark's headline numbers, printed as soon as it is done."""
+    columns = {"accuracy": f"mean@{samples}", "pass_at_k": f"pass@{metrics['k']}", "parallel_ratio": "parallel",
+               "format_valid": "format", "acceleration": "accel.", "tokens_per_second": "tok/s", "speedup": "speedup"}
+    table = Table(show_edge=False)
+    table.add_column("benchmark")
+    for header in columns.values():
+        table.add_column(header, justify="right")
+    table.add_row(escape(name), *[cell(metrics.get(key), KINDS[key]) for key in columns])
+    return table
+
+
+# ----------------------------------------------------------------------------- comparing
+
+
+def read_summary(path: str) -> dict:
+    if not Path(path).is_file():
+        raise NanoparError(f"summary not found: {path}")
+    try:
+        summary = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise NanoparError(f"{path}: not valid JSON ({error.msg}, line {error.lineno})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("benchmarks"), dict):
+        raise NanoparError(f"{path}: not an eval.py summary.json (no benchmarks)")
+    return summary
+
+
+def compare(paths: tuple[str, ...], console: Console) -> dict:
+    """Two summaries side by side: every metric of every benchmark, A, B and B - A."""
+    if len(paths) != 2:
+        raise NanoparError(f"--compare takes two summary.json files, got {len(paths)}")
+    a, b = read_summary(paths[0]), read_summary(paths[1])
+    run = lambda s, path: f"{s.get('model')} · {s.get('mode')} · {s.get('samples_per_problem')} samples ({path})"
+    table = Table(title=escape(f"A: {run(a, paths[0])}\nB: {run(b, paths[1])}"))
+    for column in ("benchmark", "metric", "A", "B", "B - A"):
+        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+    a_rows, b_rows = ({**s["benchmarks"], **({"average": s["average"]} if "average" in s else {})} for s in (a, b))
+    rows = {}
+    for name in dict.fromkeys([*a_rows, *b_rows]):
+        ma, mb = a_rows.get(name, {}), b_rows.get(name, {})
+        for key, label, kind in ROWS:
+            va, vb = ma.get(key), mb.get(key)
+            if va is None and vb is None:
+                continue
+            both = isinstance(va, (int, float)) and isinstance(vb, (int, float))
+            difference = vb - va if both else None
+            rows[(name, key)] = {"a": va, "b": vb, "difference": difference}
+            shown = "-" if difference is None else ("+" if difference > 0 else "") + cell(difference, kind)
+            table.add_row(escape(name), label, cell(va, kind), cell(vb, kind), shown)
+        table.add_section()
+    console.print(table)
+    return rows
+
+
+# ----------------------------------------------------------------------------- re-scoring
+
+
+def rescore_file(path: str, spec: str, console: Console) -> dict:
+    """Re-score a samples.jsonl with a reward spec; the distribution per benchmark and overall."""
+    parse_reward_spec(spec)  # an unknown reward fails before the file is read
+    records = read_jsonl(path)
+    results = rescore(records, spec, where=path)
+    groups: dict[str, list[int]] = {}
+    for i, record in enumerate(records):
+        groups.setdefault(str(record.get("benchmark", "all")), []).append(i)
+    if len(groups) > 1:
+        groups["all"] = list(range(len(records)))
+    reports = {name: reward_report([results[i] for i in rows], [records[i].get("correct") for i in rows])
+               for name, rows in groups.items()}
+    table = Table(title=escape(f"reward {spec} on {path}"))
+    table.add_column("")
+    for name in reports:
+        table.add_column(escape(name), justify="right")
+    number = lambda v: "-" if v is None else f"{v:.3f}"
+    rows = [("responses", "count", str), ("mean", "mean", number), ("std", "std", number), ("min", "min", number),
+            ("max", "max", number), ("accuracy (graded again)", "accuracy", lambda v: f"{v:.1%}"),
+            ("r(reward, correct)", "correlation", number), ("mean | correct", "mean_if_correct", number),
+            ("mean | wrong", "mean_if_wrong", number)]
+    for label, key, show in rows:
+        table.add_row(label, *[show(r[key]) for r in reports.values()])
+    components = next(iter(reports.values()))["components"]
+    for component in components if len(components) > 1 else []:
+        table.add_row(f"  {component} (mean)", *[number(r["components"][component]) for r in reports.values()])
+    console.print(table)
+    for name, r in reports.items():
+        most = max(r["histogram"].values())
+        console.print(f"[bold]{escape(name)}[/] reward distribution")
+        for value, count in r["histogram"].items():
+            console.print(f"  {value:>16} {'█' * round(30 * count / most):<30} {count}")
+        if r["regraded_changed"]:
+            console.print(f"  [yellow]{r['regraded_changed']} response(s) grade differently than when saved[/]")
+    return reports
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except NanoparError as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,270 @@
+"""Evaluation: sample a benchmark, grade every response, and the papers' metrics over the records.
+
+    records = evaluate(model, tokenizer, load_problems("aime24"), SamplerSettings(...), samples=16)
+    summarize(records)["accuracy"]                      # Mean@16 (Parallel-R1), avg@8 (NPR) ...
+    summarize(records, k=4)["pass_at_k"]                # unbiased pass@4 from 16 samples a problem
+
+A *record* is one (problem, sample) as a JSON-ready dict: the problem (id, source, question,
+gold answer, extra fields), the prompt and response text, its grade, its structure statistics,
+and the rollout (`show.rollout_record`: token ids, finish, structure in token offsets, sampler
+stats; without its sampled mask, log-probs, prompt ids and raw text, which only training needs
+and which would make the file several times larger). eval.py writes them as samples.jsonl;
+everything below reads records only, so a saved file is summarised or re-scored without the model.
+
+  evaluate        prompts (`prompts.build_prompt`) -> the sampler, batch by batch -> records;
+                  grading is `rewards.score("accuracy", ...)`, the same function as re-scoring
+                  and training, so the three can never disagree
+  summarize       per benchmark: mean@k, pass@k, parallel ratio, relative position of <Parallel>,
+                  blocks per response, paths per block, format-valid rate, answer-parse
+                  failures, acceleration (tokens / critical-path tokens), length, truncation
+  pass_at_k       the unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)
+  decode_rate     tokens/s of the sampler calls behind some records
+  sequential_rate tokens/s of the same model on the same prompts without forking (the tags read
+                  as text): NPR's speedup is decode_rate / sequential_rate
+  rescore         any reward spec on saved records, without sampling; `reward_report` gives its
+                  distribution and how it goes with correctness
+
+The structure statistics come from `trace.trace_stats` of the rollout's token-id trace, once per
+record; `summarize` only averages them. Not here: the command line, tables and files (eval.py),
+LLM judges, majority voting (maj@k), confidence intervals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+from . import NanoparError
+from .data import Problem
+from .prompts import build_prompt, stop_ids
+from .rewards import RewardResult, parse_reward_spec, score
+from .sampler import SamplerSettings, sample
+from .show import response_text, rollout_record
+from .tags import TagIds
+from .trace import parse_trace, trace_stats
+
+
+def evaluate(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    settings: SamplerSettings,
+    samples: int = 1,  # k: responses per problem
+    instructions: str = "",  # put before each question (prompts.INSTRUCTIONS)
+    chat: bool = True,  # wrap prompts in the tokenizer's chat template when it has one
+    batch_size: int = 32,  # problems per sampler call (lanes: batch_size x samples x paths at most)
+    progress: Callable[[int], None] | None = None,  # called after each call with the problems done so far
+) -> list[dict]:
+    """Sample `samples` responses to every problem and grade them: one record per (problem, sample),
+    problem-major. Sampler call b is seeded with `settings.seed + b` (None stays None).
+
+    A rich progress bar plugs in as `progress=lambda done: bar.update(task, completed=done)`.
+    """
+    if samples < 1 or batch_size < 1:
+        raise NanoparError(f"samples and batch size must be >= 1, got {samples} and {batch_size}")
+    settings.check()
+    tag_ids, eos = TagIds.from_tokenizer(tokenizer), stop_ids(model, tokenizer)
+    records = []
+    for batch, start in enumerate(range(0, len(problems), batch_size)):
+        chunk = problems[start : start + batch_size]
+        prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in chunk]
+        rollouts = sample(model, prompts, _seeded(settings, batch), tag_ids, eos, len(tokenizer), samples)
+        for i, rollout in enumerate(rollouts):  # prompt-major: sample i % samples of problem i // samples
+            records.append(sample_record(rollout, chunk[i // samples], i % samples, tokenizer, eos) | {"batch": batch})
+        if progress is not None:
+            progress(start + len(chunk))
+    return records
+
+
+def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_ids: list[int]) -> dict:
+    """One rollout of one problem as a JSON-ready record: problem, response, grade, structure."""
+    text = response_text(rollout, tokenizer, eos_ids)
+    result = score("accuracy", text, rollout.trace, problem)
+    stats = trace_stats(rollout.trace)  # token offsets: positions are fractions of tokens
+    rollout_fields = {k: v for k, v in rollout_record(rollout, tokenizer).items() if k not in TRAINING_ONLY}
+    return {
+        "id": problem.id,
+        "source": problem.source,
+        "sample": sample_index,
+        "prompt": rollout_fields.pop("prompt"),
+        "response": text,
+        "answer": problem.answer,  # gold, as the data set gives it
+        "extracted": result.grade.extracted,
+        "correct": result.grade.correct,
+        "parse_error": result.grade.error,
+        "format_ok": result.format_ok,  # Parallel-R1's Algorithm 1 accepts the response
+        "has_parallel": stats.has_parallel,  # at least one valid block
+        "blocks": stats.blocks,
+        "valid_blocks": stats.valid_blocks,
+        "paths_per_block": stats.paths_per_block,
+        "relative_positions": stats.relative_positions,
+        "new_tokens": stats.length,
+        "critical_path": stats.critical_path,
+        "question": problem.question,  # with answer and extra: the Problem again, for re-scoring
+        "extra": problem.extra,
+        **rollout_fields,  # ids, finish, structure, stats
+    }
+
+
+TRAINING_ONLY = ("prompt_ids", "text", "sampled", "logprobs")  # rollout_record fields left out of a record
+
+
+def _seeded(settings: SamplerSettings, batch: int) -> SamplerSettings:
+    return dataclasses.replace(settings, seed=None if settings.seed is None else settings.seed + batch)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k), computed as
+    the product 1 - prod_{i=n-c+1}^{n} (1 - k / i), which stays exact-ish for large n.
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4), pass_at_k(4, 3, 2)
+    (0.25, 0.5, 0.0, 1.0)
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise NanoparError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def summarize(records: list[dict], k: int | None = None) -> dict:
+    """The metrics of one benchmark's records. `k` of pass@k defaults to the samples per problem.
+
+    accuracy is mean@k: the mean over problems of (correct samples / samples). Structure rates
+    are means over responses; `relative_position` and `paths_per_block` over blocks (None when
+    there is none); acceleration is total tokens / total critical-path tokens.
+    """
+    if not records:
+        raise NanoparError("no records to summarize")
+    correct: dict[tuple, list[bool]] = defaultdict(list)
+    for r in records:
+        correct[(r["source"], r["id"])].append(r["correct"])
+    fewest = min(map(len, correct.values()))
+    k = fewest if k is None else k
+    if not 1 <= k <= fewest:
+        raise NanoparError(f"pass@{k} needs 1 <= k <= the samples of every problem (fewest: {fewest})")
+    positions = [p for r in records for p in r["relative_positions"]]
+    paths = [n for r in records for n in r["paths_per_block"]]
+    return {
+        "problems": len(correct),
+        "samples": len(records),
+        "k": k,
+        "accuracy": statistics.fmean(sum(c) / len(c) for c in correct.values()),
+        "pass_at_k": statistics.fmean(pass_at_k(len(c), sum(c), k) for c in correct.values()),
+        "parallel_ratio": statistics.fmean(r["has_parallel"] for r in records),
+        "relative_position": statistics.fmean(positions) if positions else None,
+        "blocks_per_response": statistics.fmean(r["blocks"] for r in records),
+        "paths_per_block": statistics.fmean(paths) if paths else None,
+        "format_valid": statistics.fmean(r["format_ok"] for r in records),
+        "parse_failures": statistics.fmean(r["parse_error"] is not None for r in records),
+        "acceleration": sum(r["new_tokens"] for r in records) / max(sum(r["critical_path"] for r in records), 1),
+        "response_length": statistics.fmean(r["new_tokens"] for r in records),
+        "truncation_rate": statistics.fmean(r["finish"] == "length" for r in records),
+    }
+
+
+# ----------------------------------------------------------------------------- speed
+
+
+def decode_rate(records: list[dict], batches: int | None = None) -> dict:
+    """Response tokens (sampled and inserted) per second of sampler wall time, over the sampler
+    calls behind `records` (only calls 0..batches-1 when given). Grading time is not counted."""
+    chosen = [r for r in records if batches is None or r["batch"] < batches]
+    walls = {r["batch"]: r["stats"]["wall_time"] for r in chosen}  # one wall time per call
+    return _rate(sum(r["new_tokens"] for r in chosen), sum(walls.values()))
+
+
+def sequential_rate(model, tokenizer, problems: list[Problem], settings: SamplerSettings, samples: int = 1,
+                    instructions: str = "", chat: bool = True, batch_size: int = 32) -> dict:
+    """Decode the same prompts, in the same batches, seeds and budget, as `evaluate` would, but
+    sequentially: the sampler gets no tag ids, so `<Parallel>` forks nothing and every tag is a
+    token like any other. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
+    eos, tokens, seconds = stop_ids(model, tokenizer), 0, 0.0
+    for batch, start in enumerate(range(0, len(problems), batch_size)):
+        prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in problems[start : start + batch_size]]
+        rollouts = sample(model, prompts, _seeded(settings, batch), None, eos, len(tokenizer), samples)
+        tokens += sum(r.stats.new_tokens for r in rollouts)
+        seconds += rollouts[0].stats.wall_time
+    return _rate(tokens, seconds)
+
+
+def _rate(tokens: int, seconds: float) -> dict:
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds if seconds > 0 else None}
+
+
+# ----------------------------------------------------------------------------- re-scoring
+
+
+def problem_of(record: dict, where: str = "record") -> Problem:
+    """The Problem a record answers (id, question, gold answer, source, extra), to grade it again."""
+    missing = [f for f in ("id", "answer", "response") if f not in record]
+    if missing:
+        raise NanoparError(f"{where}: no {', '.join(missing)} field (an eval.py samples.jsonl record has them)")
+    return Problem(str(record["id"]), record.get("question", ""), record["answer"], record.get("source", ""),
+                   record.get("extra", {}))
+
+
+def rescore(records: list[dict], spec: str, where: str = "record") -> list[RewardResult]:
+    """`rewards.score(spec, ...)` on every saved response; the trace is read again from the text
+    (`trace.parse_trace`, character offsets). `where` names the file in errors ("<where>:<line>")."""
+    parse_reward_spec(spec)  # an unknown reward fails before any grading
+    results = []
+    for number, record in enumerate(records, 1):
+        problem = problem_of(record, f"{where}:{number}")
+        text = record["response"]
+        results.append(score(spec, text, parse_trace(text), problem))
+    return results
+
+
+def reward_report(results: list[RewardResult], saved_correct: list[bool | None] | None = None) -> dict:
+    """The distribution of re-scored rewards and how it goes with correctness.
+
+    `histogram` maps each value to its count (ranges of ten equal bins when there are more than
+    ten distinct values); `correlation` is Pearson's r between the reward and the 0/1 correctness of the same grading
+    (None when either is constant); `regraded_changed` counts responses whose correctness now
+    differs from the saved one (`saved_correct`, None entries skipped): grading changed since.
+    """
+    if not results:
+        raise NanoparError("no records to re-score")
+    totals = [r.total for r in results]
+    correct = [r.grade.correct for r in results]
+    right = [t for t, c in zip(totals, correct) if c]
+    wrong = [t for t, c in zip(totals, correct) if not c]
+    constant = len(set(totals)) < 2 or len(set(correct)) < 2
+    return {
+        "count": len(totals),
+        "mean": statistics.fmean(totals),
+        "std": statistics.pstdev(totals),
+        "min": min(totals),
+        "max": max(totals),
+        "histogram": histogram(totals),
+        "components": {name: statistics.fmean(r.components[name] for r in results) for name in results[0].components},
+        "accuracy": statistics.fmean(correct),
+        "parse_failures": statistics.fmean(r.grade.error is not None for r in results),
+        "mean_if_correct": statistics.fmean(right) if right else None,
+        "mean_if_wrong": statistics.fmean(wrong) if wrong else None,
+        "correlation": None if constant else statistics.correlation(totals, [float(c) for c in correct]),
+        "regraded_changed": sum(s is not None and s != c for s, c in zip(saved_correct or [], correct)),
+    }
+
+
+def histogram(values: list[float], bins: int = 10) -> dict[str, int]:
+    """{value: count} for few distinct values, else {"[low, high)": count} over `bins` equal bins.
+
+    >>> histogram([1.0, -1.0, -1.0]), histogram([0.1 * i for i in range(20)], bins=2)
+    ({'-1': 2, '1': 1}, {'[0, 0.95)': 10, '[0.95, 1.9]': 10})
+    """
+    distinct = sorted(set(values))
+    if len(distinct) <= bins:
+        counts = Counter(f"{v:g}" for v in values)
+        return dict(sorted(counts.items(), key=lambda item: float(item[0])))
+    low, width = distinct[0], (distinct[-1] - distinct[0]) / bins
+    counts = Counter(min(int((v - low) / width), bins - 1) for v in values)
+    return {f"[{low + b * width:.3g}, {low + (b + 1) * width:.3g}{']' if b == bins - 1 else ')'}": counts[b]
+            for b in range(bins)}

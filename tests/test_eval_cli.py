@@ -1,0 +1,173 @@
+"""eval.py as a user runs it: files that agree with each other, re-scoring that reproduces the
+summary, --compare, a user's reward file, and one-line errors for bad input."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import eval as eval_script
+from nanopar import NanoparError, rewards
+from nanopar.config import field_comments
+from nanopar.data import read_jsonl
+from nanopar.evaluation import decode_rate, summarize
+from nanopar.format import check_format
+from test_evaluation import PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "pass_at_k", "parallel_ratio", "relative_position",
+                "blocks_per_response", "paths_per_block", "format_valid", "parse_failures", "acceleration",
+                "response_length", "truncation_rate")
+
+
+def check_files_agree(out: Path, benchmarks: list[str], samples: int) -> tuple[dict, list[dict]]:
+    """summary.json is what summarize() makes of samples.jsonl, benchmark by benchmark."""
+    summary = json.loads((out / "summary.json").read_text())
+    records = read_jsonl(out / "samples.jsonl")
+    assert list(summary["benchmarks"]) == benchmarks
+    for name in benchmarks:
+        mine = [r for r in records if r["benchmark"] == name]
+        saved = summary["benchmarks"][name]
+        again = summarize(mine, k=saved["k"])
+        assert {k: saved[k] for k in SUMMARY_KEYS} == pytest.approx({k: again[k] for k in SUMMARY_KEYS})
+        assert saved["samples"] == len(mine) == saved["problems"] * samples
+        assert saved["tokens_per_second"] == pytest.approx(decode_rate(mine)["tokens_per_second"])
+    return summary, records
+
+
+def test_tiny_model_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    summary = eval_script.main(["--model", "tiny:toy", "--benchmarks", "toy:easy:heldout,aime24", "--limit", "2",
+                                "--samples", "2", "--max-new-tokens", "32", "--max-path-tokens", "12",
+                                "--batch-size", "1", "--out", str(out)])
+    saved, records = check_files_agree(out, ["toy:easy:heldout", "aime24"], samples=2)
+    assert saved == json.loads(json.dumps(summary))
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"] == "tiny:toy" and config["samples"] == 2 and config["max_new_tokens"] == 32
+    assert [(r["benchmark"], r["sample"]) for r in records] == [(b, s) for b in ("toy:easy:heldout", "aime24")
+                                                                for _ in range(2) for s in range(2)]
+    for metrics in saved["benchmarks"].values():
+        assert metrics["sequential_tokens_per_second"] > 0 and metrics["parallel_tokens_per_second"] > 0
+        assert metrics["speedup"] == pytest.approx(metrics["parallel_tokens_per_second"]
+                                                   / metrics["sequential_tokens_per_second"])
+    reports = eval_script.main(["--rescore", str(out / "samples.jsonl"), "--reward", "accuracy"])
+    for name, metrics in saved["benchmarks"].items():
+        assert (reports[name]["mean"] + 1) / 2 == pytest.approx(metrics["accuracy"])
+
+
+def test_scripted_run_rescoring_reproduces_the_accuracy(tmp_path, monkeypatch, capsys):
+    """The sampler replaced by scripted responses (toy_tokenizer = tiny:toy's), so accuracy is 1/3."""
+    from nanopar.toy import toy_tokenizer
+
+    scripted(monkeypatch, toy_tokenizer(), [(p, text, finish) for p, text, finish, _ in SCRIPT])
+    out = tmp_path / "run"
+    eval_script.main(["--model", "tiny:toy", "--benchmarks", "toy:easy:heldout,aime24", "--limit", "1",
+                      "--samples", "3", "--pass-k", "2", "--out", str(out)])
+    saved, records = check_files_agree(out, ["toy:easy:heldout", "aime24"], samples=3)
+    shown = capsys.readouterr().out
+    assert "mean@3 (accuracy)" in shown and "pass@2" in shown and "33.3%" in shown
+    assert [r["id"] for r in records] == [TOY.id] * 3 + [PROBLEMS["aime24:1"].id] * 3
+    for name in ("toy:easy:heldout", "aime24"):
+        assert saved["benchmarks"][name]["accuracy"] == pytest.approx(1 / 3)
+        assert saved["benchmarks"][name]["pass_at_k"] == pytest.approx(2 / 3)  # 1 - C(2,2)/C(3,2)
+    assert saved["average"]["accuracy"] == pytest.approx(1 / 3)
+
+    reports = eval_script.main(["--rescore", str(out / "samples.jsonl"), "--reward", "accuracy"])
+    assert set(reports) == {"toy:easy:heldout", "aime24", "all"}
+    for name in ("toy:easy:heldout", "aime24"):
+        assert (reports[name]["mean"] + 1) / 2 == pytest.approx(saved["benchmarks"][name]["accuracy"])
+        assert reports[name]["correlation"] == pytest.approx(1.0) and reports[name]["regraded_changed"] == 0
+    assert reports["all"]["histogram"] == {"-1": 4, "1": 2}
+
+    scripted_rows = [row for row in SCRIPT if row[0] in (TOY, PROBLEMS["aime24:1"])]
+    reports = eval_script.main(["--rescore", str(out / "samples.jsonl"), "--reward", "format"])
+    expected = [1.0 if check_format(text).ok else -1.0 for _, text, _, _ in scripted_rows]
+    assert reports["all"]["mean"] == pytest.approx(sum(expected) / len(expected))
+
+
+def test_a_users_reward_file_rescores_by_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(rewards, "REWARDS", dict(rewards.REWARDS))  # the user's reward stays in this test
+    reward_file = tmp_path / "my_rewards.py"
+    reward_file.write_text(
+        "from nanopar.rewards import register, is_correct\n\n"
+        "@register('short_and_correct')\n"
+        "def short_and_correct(text, trace, problem):\n"
+        "    return float(is_correct(text, problem) and len(text) < 20)\n"
+    )
+    samples = tmp_path / "samples.jsonl"
+    lines = [{"benchmark": "b", "id": "1", "answer": "204", "response": r"\boxed{204}", "correct": True},
+             {"benchmark": "b", "id": "1", "answer": "204", "response": "a long way round... Final Answer: 204",
+              "correct": True},
+             {"benchmark": "b", "id": "1", "answer": "204", "response": r"\boxed{5}", "correct": False}]
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    reports = eval_script.main(["--rescore", str(samples), "--reward-file", str(reward_file),
+                                "--reward", "accuracy:1,short_and_correct:0.5"])
+    assert reports["b"]["histogram"] == {"-1": 1, "1": 1, "1.5": 1}
+    assert reports["b"]["components"] == {"accuracy": pytest.approx(1 / 3), "short_and_correct": pytest.approx(1 / 3)}
+
+
+def write_summary(path: Path, model: str, benchmarks: dict) -> str:
+    path.write_text(json.dumps({"model": model, "benchmarks": benchmarks}))
+    return str(path)
+
+
+def test_compare_prints_both_runs_and_their_differences(tmp_path, capsys):
+    a = write_summary(tmp_path / "a.json", "base", {"gsm8k": {"accuracy": 0.5, "parallel_ratio": 0.0, "speedup": None}})
+    b = write_summary(tmp_path / "b.json", "trained", {"gsm8k": {"accuracy": 0.625, "parallel_ratio": 0.25},
+                                                       "aime24": {"accuracy": 0.1}})
+    rows = eval_script.main(["--compare", a, b])
+    assert rows[("gsm8k", "accuracy")] == {"a": 0.5, "b": 0.625, "difference": pytest.approx(0.125)}
+    assert rows[("gsm8k", "parallel_ratio")]["difference"] == pytest.approx(0.25)
+    assert rows[("aime24", "accuracy")] == {"a": None, "b": 0.1, "difference": None}
+    assert ("gsm8k", "speedup") not in rows  # absent on both sides
+    shown = capsys.readouterr().out
+    assert "A: base" in shown and "B: trained" in shown and "+12.5%" in shown and "+25.0%" in shown
+
+
+def test_every_config_field_has_a_comment():
+    comments = field_comments(eval_script.EvalConfig)
+    assert {f.name for f in dataclasses.fields(eval_script.EvalConfig)} <= set(comments)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "tiny:toy", "--benchmarks", "gsm8k,nope.jsonl"],
+         "benchmark or file not found: nope.jsonl (known benchmarks: gsm8k"),
+        (["--model", "tiny:toy", "--benchmarks", "{fields}"], "{fields}:1: no question/problem/prompt field (fields there: query, solution)"),
+        (["--model", "tiny:toy", "--benchmarks", "{fields}", "--question-field", "query"],
+         "{fields}:1: no answer field (fields there: query, solution)"),
+        (["--model", "tiny:toy", "--samples", "2", "--pass-k", "4"], "--pass-k must be between 1 and --samples (2)"),
+        (["--model", "tiny:toy", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
+        (["--model", "tiny:toy", "--instructions", "parallell"], "unknown instructions 'parallell'"),
+        (["--benchmarks", "aime24"], "no model at runs/default/4-rl-hard/final: run `python train.py` first"),
+        (["--rescore", "{missing}"], "file not found: {missing}"),
+        (["--rescore", "{samples}", "--reward", "acuracy"], "unknown reward 'acuracy'; known: accuracy"),
+        (["--rescore", "{samples}"], "{samples}:1: no answer field"),
+        (["--rescore", "{samples}", "--reward-file", "{missing}"], "reward file not found: {missing}"),
+        (["--compare", "{missing}"], "--compare takes two summary.json files, got 1"),
+        (["--compare", "{missing}", "{missing}"], "summary not found: {missing}"),
+        (["--compare", "{samples}", "{samples}"], "{samples}: not an eval.py summary.json (no benchmarks)"),
+    ],
+)
+def test_bad_input_is_one_line_naming_what_is_missing(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no runs/default/ here
+    names = {"fields": str(tmp_path / "set.jsonl"), "missing": str(tmp_path / "missing.jsonl"),
+             "samples": str(tmp_path / "samples.jsonl")}
+    (tmp_path / "set.jsonl").write_text(json.dumps({"query": "1+1?", "solution": "2"}) + "\n")
+    (tmp_path / "samples.jsonl").write_text(json.dumps({"id": "a", "response": "Final Answer: 2"}) + "\n" * 2)
+    with pytest.raises(NanoparError) as error:
+        eval_script.main([arg.format(**names) for arg in args] + ["--out", str(tmp_path / "out")])
+    assert str(error.value).startswith(message.format(**names)) and "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists()  # nothing written, no model loaded
+
+
+def test_the_script_prints_an_error_as_one_line():
+    result = subprocess.run([sys.executable, "eval.py", "--model", "tiny:toy", "--benchmarks", "missing.jsonl"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr == ("error: benchmark or file not found: missing.jsonl "
+                             "(known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23)\n")

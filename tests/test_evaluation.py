@@ -1,0 +1,348 @@
+"""Evaluation (nanopar/evaluation.py): pass@k and mean@k against independent computations, grading
+of the shipped benchmarks' real answer formats through the evaluation path, records and summaries
+of scripted and of real (tiny, random) sampling, the speed helpers, re-scoring and its report."""
+
+import itertools
+import math
+import statistics
+from fractions import Fraction
+
+import pytest
+
+from nanopar import NanoparError, evaluation
+from nanopar.data import load_problems
+from nanopar.evaluation import (
+    decode_rate,
+    evaluate,
+    histogram,
+    pass_at_k,
+    rescore,
+    reward_report,
+    sequential_rate,
+    summarize,
+)
+from nanopar.format import check_format
+from nanopar.grading import gold_answer
+from nanopar.model import ModelSettings, load_model
+from nanopar.prompts import build_prompt
+from nanopar.sampler import Rollout, RolloutStats, SamplerSettings
+from nanopar.tags import TagIds
+from nanopar.toy import toy_tokenizer
+from nanopar.trace import parse_ids, trace_stats
+
+# ----------------------------------------------------------------------------- pass@k, mean@k
+
+
+def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
+    """The fraction of k-subsets of n samples (the first c correct) that hold a correct one."""
+    subsets = list(itertools.combinations(range(n), k))
+    return Fraction(sum(any(i < c for i in s) for s in subsets), len(subsets))
+
+
+def test_pass_at_k_equals_enumeration_over_all_subsets():
+    for n in range(1, 8):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(float(brute_force_pass_at_k(n, c, k)), abs=1e-12), (n, c, k)
+
+
+@pytest.mark.parametrize("n, c, k", [(16, 3, 1), (16, 3, 8), (100, 7, 10), (200, 1, 100), (64, 0, 5), (64, 64, 64)])
+def test_pass_at_k_equals_the_binomial_formula(n, c, k):
+    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))  # math.comb(m, k) = 0 for m < k
+    assert pass_at_k(n, c, k) == pytest.approx(float(exact), abs=1e-12)
+    assert pass_at_k(n, c, 1) == pytest.approx(c / n)  # pass@1 is the plain accuracy
+
+
+@pytest.mark.parametrize("n, c, k", [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, 5)])
+def test_pass_at_k_refuses_impossible_counts(n, c, k):
+    with pytest.raises(NanoparError, match="pass@k needs"):
+        pass_at_k(n, c, k)
+
+
+def hand_record(problem: str, correct: bool, **fields) -> dict:
+    """A minimal record as summarize reads it; structure fields default to a plain response."""
+    return {"source": "s", "id": problem, "correct": correct, "has_parallel": False, "relative_positions": [],
+            "paths_per_block": [], "blocks": 0, "format_ok": True, "parse_error": None, "new_tokens": 10,
+            "critical_path": 10, "finish": "eos"} | fields
+
+
+def test_summarize_by_hand():
+    records = [
+        hand_record("a", True, has_parallel=True, blocks=1, paths_per_block=[2], relative_positions=[0.25],
+                    new_tokens=40, critical_path=20),
+        hand_record("a", False, parse_error="no answer found", finish="length", format_ok=False, new_tokens=30,
+                    critical_path=30),
+        hand_record("a", False),
+        hand_record("a", True, has_parallel=True, blocks=2, paths_per_block=[3, 2], relative_positions=[0.5, 0.75],
+                    new_tokens=60, critical_path=30),
+        hand_record("b", False),
+        hand_record("b", False),
+        hand_record("b", False),
+        hand_record("b", True),
+    ]
+    s = summarize(records, k=2)
+    assert (s["problems"], s["samples"], s["k"]) == (2, 8, 2)
+    assert s["accuracy"] == pytest.approx((2 / 4 + 1 / 4) / 2)  # mean@4 over problems
+    assert s["pass_at_k"] == pytest.approx(((1 - 1 / 6) + (1 - 3 / 6)) / 2)  # C(2,2)/C(4,2), C(3,2)/C(4,2)
+    assert s["parallel_ratio"] == 2 / 8
+    assert s["relative_position"] == pytest.approx((0.25 + 0.5 + 0.75) / 3)  # over blocks, not responses
+    assert s["blocks_per_response"] == 3 / 8 and s["paths_per_block"] == pytest.approx(7 / 3)
+    assert s["format_valid"] == 7 / 8 and s["parse_failures"] == 1 / 8 and s["truncation_rate"] == 1 / 8
+    assert s["acceleration"] == pytest.approx(180 / 130) and s["response_length"] == pytest.approx(180 / 8)
+    assert summarize(records)["k"] == 4 and summarize(records)["pass_at_k"] == pytest.approx(1.0)
+    plain = summarize([hand_record("a", False)])
+    assert plain["relative_position"] is None and plain["paths_per_block"] is None
+
+
+def test_summarize_refuses_a_k_some_problem_lacks():
+    records = [hand_record("a", True), hand_record("a", False), hand_record("b", True)]
+    with pytest.raises(NanoparError, match=r"pass@2 needs .*fewest: 1\)"):
+        summarize(records, k=2)
+    with pytest.raises(NanoparError, match="no records"):
+        summarize([])
+
+
+# ----------------------------------------------------------------------------- a scripted sampler
+
+
+NO_TAGS = TagIds(-1, -2, -3, -4, -5, -6)  # sequential decoding: no id is a tag
+
+
+class Scripted:
+    """A stand-in for `sampler.sample` returning scripted responses, as the sampler would build them.
+
+    `script` maps a problem's prompt ids to (text, finish) pairs, one per sample; "eos" appends EOS.
+    """
+
+    def __init__(self, tokenizer, script: dict[tuple, list[tuple[str, str]]], wall_time: float = 0.25):
+        self.tokenizer, self.script, self.wall_time, self.calls = tokenizer, script, wall_time, []
+
+    def __call__(self, model, prompts, settings, tag_ids, eos_ids, vocab_size=None, samples_per_prompt=1):
+        self.calls.append({"prompts": prompts, "seed": settings.seed, "tag_ids": tag_ids,
+                           "samples": samples_per_prompt})
+        rollouts = []
+        for prompt in prompts:
+            for text, finish in self.script[tuple(prompt)][:samples_per_prompt]:
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                ids += [eos_ids[0]] if finish == "eos" else []
+                trace = parse_ids(ids, tag_ids or NO_TAGS)
+                stats = RolloutStats(len(ids), len(ids), len(trace.blocks), [[len(p) for p in b.paths] for b in trace.blocks],
+                                     trace_stats(trace).critical_path, len(trace.stray), 0, self.wall_time, 0)
+                rollouts.append(Rollout(prompt, ids, [True] * len(ids), [0.0] * len(ids), trace, finish, stats))
+        return rollouts
+
+
+def scripted(monkeypatch, tokenizer, table: list[tuple], wall_time: float = 0.25) -> Scripted:
+    """Patch the sampler evaluation uses with `table` rows (problem, text, finish)."""
+    script: dict[tuple, list] = {}
+    for problem, text, finish in table:
+        script.setdefault(tuple(build_prompt(problem, tokenizer, instructions="")), []).append((text, finish))
+    fake = Scripted(tokenizer, script, wall_time)
+    monkeypatch.setattr(evaluation, "sample", fake)
+    return fake
+
+
+# ----------------------------------------------------------------------------- grading the shipped sets
+
+PROBLEMS = {p.id: p for name in ("gsm8k", "math500", "aime24", "aime25", "amc23")
+            for p in load_problems(name, limit=3)}
+PARALLEL_17 = r"<Parallel><Path>9*2=18, so \boxed{18}</Path><Path>16+1=17</Path></Parallel><Summary>17</Summary>" \
+              "\nFinal Answer: 17"
+
+# (problem id in the shipped files, response, correct): the gold strings are the files' own
+SHIPPED_GRADING = [
+    ("gsm8k:1", "She sells 16 - 3 - 4 = 9 eggs.\nFinal Answer: 18", True),  # gold "... #### 18"
+    ("gsm8k:1", "Final Answer: $18", True),
+    ("gsm8k:1", r"so she makes \boxed{18} dollars", True),
+    ("gsm8k:1", "Final Answer: 16", False),
+    ("gsm8k:1", "She makes 18 dollars every day.", False),  # no answer line: a parse failure, wrong
+    ("gsm8k:1", PARALLEL_17, False),  # a path's box does not count: the last answer is 17
+    ("gsm8k:3", "Final Answer: 70,000", True),  # gold "... #### 70000"
+    ("gsm8k:3", "Final Answer: 7000", False),
+    ("test/precalculus/807.json", r"\boxed{(3, \frac{\pi}{2})}", True),  # gold \left( 3, \frac{\pi}{2} \right)
+    ("test/precalculus/807.json", r"Final Answer: $\left(3, \frac{\pi}{2}\right)$", True),
+    ("test/precalculus/807.json", r"\boxed{(3, \pi)}", False),
+    ("test/precalculus/807.json", r"\boxed{(\frac{\pi}{2}, 3)}", False),
+    ("test/algebra/2584.json", r"\boxed{\dfrac{14}{3}}", True),  # gold \frac{14}{3}
+    ("test/algebra/2584.json", "Final Answer: 14/3", True),
+    ("test/algebra/2584.json", r"\boxed{4.67}", False),
+    ("test/intermediate_algebra/1994.json", r"\boxed{-q + p}", True),  # gold p - q
+    ("test/intermediate_algebra/1994.json", r"\boxed{q - p}", False),
+    ("aime24:1", "Final Answer: 204", True),  # AIME: integer golds
+    ("aime24:1", r"\boxed{204}", True),
+    ("aime24:1", r"\boxed{240}", False),
+    ("aime25:1", r"\boxed{70}", True),
+    ("aime25:1", r"\boxed{07}", False),
+    ("amc23:1", "Final Answer: 27", True),
+    ("amc23:1", "Final Answer: 28", False),
+]
+
+
+def test_shipped_answer_formats_grade_through_evaluate_and_rescore(monkeypatch):
+    tokenizer = toy_tokenizer()
+    table = [(PROBLEMS[pid], text, "eos") for pid, text, _ in SHIPPED_GRADING]
+    scripted(monkeypatch, tokenizer, table)
+    problems = list({id(p): p for p, _, _ in table}.values())
+    samples = {p.id: sum(row[0] is p for row in table) for p in problems}
+    records = []
+    for problem in problems:  # problems have different numbers of rows: one call each
+        records += evaluate(None, tokenizer, [problem], SamplerSettings(), samples=samples[problem.id])
+    by_row = {(r["id"], r["response"]): r for r in records}
+    for pid, text, correct in SHIPPED_GRADING:
+        record = by_row[(pid, text)]
+        assert record["correct"] is correct, (pid, text, record["extracted"], record["parse_error"])
+        assert record["answer"] == PROBLEMS[pid].answer  # the gold as shipped, "#### 18" included
+    assert by_row[("gsm8k:1", "She makes 18 dollars every day.")]["parse_error"] == "no answer found"
+    again = rescore(records, "accuracy")
+    assert [r.grade.correct for r in again] == [r["correct"] for r in records]
+
+
+NON_INTEGER_GOLDS = {"aime25": {"aime25:20"}}  # its gold is "336^\\circ", as the source data set writes it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gsm8k", "math500", "aime24", "aime25", "amc23"])
+def test_every_shipped_gold_grades_right_and_integer_golds_off_by_one_wrong(name):
+    """Each gold answer of the shipped file, written back in a box, is judged correct; for the
+    integer sets (GSM8K, AIME, AMC) the gold plus one is judged wrong."""
+    problems = load_problems(name)
+    records = [{"id": p.id, "answer": p.answer, "response": rf"\boxed{{{gold_answer(p)}}}"} for p in problems]
+    assert [r.grade.correct for r in rescore(records, "accuracy")] == [True] * len(problems)
+    integers = [(p, int(gold_answer(p))) for p in problems if gold_answer(p).lstrip("-").isdigit()]
+    if name != "math500":
+        assert {p.id for p in problems} - {p.id for p, _ in integers} == NON_INTEGER_GOLDS.get(name, set())
+    wrong = [{"id": p.id, "answer": p.answer, "response": f"Final Answer: {n + 1}"} for p, n in integers]
+    assert not any(r.grade.correct for r in rescore(wrong, "accuracy"))
+
+
+# ----------------------------------------------------------------------------- records and summaries
+
+TOY = load_problems("toy:easy:heldout", limit=1)[0]  # numbers 1 7 1 target 8, answer (7+1)*1
+TOY_PARALLEL = "<Parallel><Path>7+1=8,8*1=8vs8yes</Path><Path>7*1=7,7+1=8vs8yes</Path></Parallel>" \
+               "<Summary>7+1=8,8*1=8vs8yes</Summary>\nFinal Answer: (7+1)*1"
+SCRIPT = [  # (problem, response, finish, correct)
+    (TOY, TOY_PARALLEL, "eos", True),
+    (TOY, "7+1=8vs8yes\nFinal Answer: 7+1", "eos", False),  # 1 is unused: wrong
+    (TOY, "<Parallel><Path>7+1=8", "length", False),  # cut off inside a path: no answer
+    (PROBLEMS["gsm8k:1"], "Final Answer: 18", "eos", True),
+    (PROBLEMS["gsm8k:1"], r"ab<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>\boxed{18}", "eos", True),
+    (PROBLEMS["gsm8k:1"], "Final Answer: 17</Path>", "eos", False),  # a stray tag
+    (PROBLEMS["aime24:1"], r"\boxed{204}", "eos", True),
+    (PROBLEMS["aime24:1"], "<Parallel><Path>204</Path></Parallel><Summary>2</Summary>Final Answer: 2", "eos", False),
+    (PROBLEMS["aime24:1"], "I do not know", "length", False),
+]
+
+
+def test_scripted_evaluation_records_and_summary(monkeypatch):
+    tokenizer = toy_tokenizer()
+    fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT])
+    done = []
+    problems = [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]]
+    records = evaluate(None, tokenizer, problems, SamplerSettings(seed=5), samples=3, batch_size=2,
+                       progress=done.append)
+    assert done == [2, 3] and [c["seed"] for c in fake.calls] == [5, 6]  # one seed per sampler call
+    assert [len(c["prompts"]) for c in fake.calls] == [2, 1] and all(c["samples"] == 3 for c in fake.calls)
+    assert [(r["id"], r["sample"], r["batch"]) for r in records] == [
+        (p.id, s, i // 2) for i, p in enumerate(problems) for s in range(3)]
+    for record, (problem, text, finish, correct) in zip(records, SCRIPT):
+        assert record["response"] == text and record["finish"] == finish and record["correct"] is correct
+        assert record["prompt"] == tokenizer.decode(build_prompt(problem, tokenizer, instructions=""))
+        assert (record["answer"], record["question"], record["extra"]) == (problem.answer, problem.question, problem.extra)
+        assert record["format_ok"] == check_format(text).ok
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert record["new_tokens"] == len(ids) + (finish == "eos") == len(record["ids"])
+        assert record["blocks"] == text.count("<Parallel>") == len(record["structure"]["blocks"])
+    first = records[0]  # <Parallel> at token 0; the shorter path's tokens run beside the longer one
+    paths = [len(tokenizer.encode(f"<Path>{p}</Path>", add_special_tokens=False)) for p in ("7+1=8,8*1=8vs8yes", "7*1=7,7+1=8vs8yes")]
+    assert first["relative_positions"] == [0.0] and first["paths_per_block"] == [2] and first["has_parallel"]
+    assert first["critical_path"] == first["new_tokens"] - min(paths)
+    second_gsm = records[4]  # "ab" before the block: 2 tokens
+    assert second_gsm["relative_positions"] == [2 / second_gsm["new_tokens"]] and second_gsm["has_parallel"]
+    assert not records[7]["has_parallel"] and records[7]["valid_blocks"] == 0  # one path: not a valid block
+    assert records[8]["parse_error"] == "no answer found" and records[2]["parse_error"] == "no answer found"
+
+    s = summarize(records, k=2)
+    assert s["accuracy"] == pytest.approx((1 / 3 + 2 / 3 + 1 / 3) / 3)
+    assert s["pass_at_k"] == pytest.approx(((1 - 1 / 3) + 1 + (1 - 1 / 3)) / 3)  # C(2,2)/C(3,2) = 1/3
+    assert s["parallel_ratio"] == pytest.approx(2 / 9) and s["blocks_per_response"] == pytest.approx(4 / 9)
+    assert s["format_valid"] == pytest.approx(sum(check_format(t).ok for _, t, _, _ in SCRIPT) / 9)
+    assert s["parse_failures"] == pytest.approx(3 / 9)  # two without an answer, and "17</Path>" is not math
+    assert s["truncation_rate"] == pytest.approx(2 / 9)
+    assert s["acceleration"] == pytest.approx(sum(r["new_tokens"] for r in records) / sum(r["critical_path"] for r in records))
+    assert s["acceleration"] > 1
+
+
+def test_speed_helpers(monkeypatch):
+    tokenizer = toy_tokenizer()
+    fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT], wall_time=0.5)
+    problems = [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]]
+    records = evaluate(None, tokenizer, problems, SamplerSettings(seed=5), samples=3, batch_size=2)
+    rate = decode_rate(records)  # two calls of 0.5 s each
+    assert rate["seconds"] == 1.0 and rate["tokens"] == sum(r["new_tokens"] for r in records)
+    assert rate["tokens_per_second"] == rate["tokens"] / 1.0
+    assert decode_rate(records, batches=1)["tokens"] == sum(r["new_tokens"] for r in records[:6])
+    evaluated = fake.calls[:]
+    fake.calls.clear()
+    sequential = sequential_rate(None, tokenizer, problems, SamplerSettings(seed=5), samples=3, batch_size=2)
+    assert sequential["seconds"] == 1.0
+    assert [c["tag_ids"] for c in fake.calls] == [None, None]  # no tags: nothing forks
+    assert [(c["prompts"], c["seed"]) for c in fake.calls] == [(c["prompts"], c["seed"]) for c in evaluated]
+
+
+def test_real_tiny_model_records_agree_with_the_sampler():
+    model, tokenizer = load_model(ModelSettings("tiny:qwen3"))
+    problems = load_problems("aime24", limit=2)
+    settings = SamplerSettings(max_new_tokens=40, max_path_tokens=12, temperature=1.0, seed=3)
+    records = evaluate(model, tokenizer, problems, settings, samples=3, batch_size=1)
+    assert len(records) == 6 and {r["batch"] for r in records} == {0, 1}
+    assert sum(r["blocks"] for r in records) > 0  # a random model draws <Parallel> now and then: forks happen
+    for r in records:
+        ids = r["ids"][:-1] if r["finish"] == "eos" else r["ids"]
+        assert r["response"] == tokenizer.decode(ids, skip_special_tokens=False)
+        assert r["new_tokens"] == len(r["ids"]) == r["stats"]["new_tokens"] and r["stats"]["sampled_tokens"] <= 40
+        assert r["critical_path"] == r["stats"]["critical_path"] and r["blocks"] == r["stats"]["forks"]
+        assert r["relative_positions"] == [b["open"] / len(r["ids"]) for b in r["structure"]["blocks"]]
+        assert r["paths_per_block"] == [len(b["paths"]) for b in r["structure"]["blocks"]]
+        assert r["correct"] is False and set(r) >= {"prompt", "extracted", "parse_error", "format_ok", "valid_blocks"}
+        assert not set(evaluation.TRAINING_ONLY) & set(r)
+
+
+# ----------------------------------------------------------------------------- re-scoring
+
+
+def test_rescore_and_report_by_hand(monkeypatch):
+    tokenizer = toy_tokenizer()
+    scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT])
+    records = evaluate(None, tokenizer, [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]], SamplerSettings(), samples=3)
+    results = rescore(records, "accuracy:1,format:0.5")
+    correct = [c for *_, c in SCRIPT]
+    fmt = [1.0 if check_format(t).ok else -1.0 for _, t, _, _ in SCRIPT]
+    totals = [(1.0 if c else -1.0) + 0.5 * f for c, f in zip(correct, fmt)]
+    assert [r.total for r in results] == totals
+    report = reward_report(results, [r["correct"] for r in records])
+    assert report["count"] == 9 and report["mean"] == pytest.approx(statistics.fmean(totals))
+    assert report["accuracy"] == pytest.approx(4 / 9) and report["regraded_changed"] == 0
+    assert report["correlation"] == pytest.approx(statistics.correlation(totals, [float(c) for c in correct]))
+    assert report["mean_if_correct"] == pytest.approx(statistics.fmean(t for t, c in zip(totals, correct) if c))
+    assert sum(report["histogram"].values()) == 9
+    assert report["components"] == {"accuracy": pytest.approx(statistics.fmean(1.0 if c else -1.0 for c in correct)),
+                                     "format": pytest.approx(statistics.fmean(fmt))}
+    flipped = [not r["correct"] for r in records]
+    assert reward_report(results, flipped)["regraded_changed"] == 9
+    accuracy_only = reward_report(rescore(records, "accuracy"))
+    assert accuracy_only["correlation"] == pytest.approx(1.0) and (accuracy_only["mean"] + 1) / 2 == pytest.approx(4 / 9)
+
+
+def test_rescore_bad_input():
+    with pytest.raises(NanoparError, match="unknown reward 'acuracy'"):
+        rescore([{"id": "a", "answer": "1", "response": "Final Answer: 1"}], "acuracy")
+    with pytest.raises(NanoparError) as error:
+        rescore([{"id": "a", "answer": "1", "response": "x"}, {"id": "b", "text": "x"}], "accuracy", where="s.jsonl")
+    assert str(error.value) == "s.jsonl:2: no answer, response field (an eval.py samples.jsonl record has them)"
+
+
+def test_histogram_bins():
+    assert histogram([1.0, -1.0, 1.0]) == {"-1": 1, "1": 2}
+    values = [i / 10 for i in range(11)] + [0.05]
+    bins = histogram(values, bins=4)
+    assert len(bins) == 4 and sum(bins.values()) == 12 and list(bins)[-1].endswith("1]")
