@@ -15,6 +15,7 @@ What it leaves out: multi-GPU, vLLM, evaluation on benchmarks (eval.py).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -60,20 +61,26 @@ class TrainConfig:
     instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     # stage lengths, learning rates and rewards
-    pretrain_steps: int = 300  # pretraining SFT steps (only with --pretrain-data)
+    pretrain_steps: int = 600  # pretraining SFT steps (only with --pretrain-data)
     pretrain_lr: float = 2e-3  # pretraining learning rate (from scratch)
-    sft_steps: int = 60  # cold-start SFT steps
+    sft_steps: int = 150  # cold-start SFT steps
     sft_lr: float = 1e-3  # cold-start SFT learning rate
-    sft_batch: int = 32  # traces per SFT step
-    rl_easy_steps: int = 15  # GRPO steps on easy problems
+    sft_batch: int = 32  # traces per SFT step (pretraining too)
+    sft_schedule: str = "cosine"  # learning rate of SFT stages after warm-up: "cosine" (to 10%) or "constant"
+    rl_easy_steps: int = 20  # GRPO steps on easy problems
     rl_hard_steps: int = 15  # GRPO steps on hard problems
     reward_file: str = ""  # a Python file of your own @register rewards, imported before the run
     easy_reward: str = "parallel"  # reward or schedule of rl-easy
     hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
+    baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
+    # held-out evaluation after every training stage (the final table)
+    eval_data: str = "toy:easy:heldout,toy:hard:heldout"  # comma list of data sets (benchmark, .jsonl, toy:...)
+    eval_problems: int = 100  # first N problems of each (0 = no evaluation)
+    eval_samples: int = 2  # responses per problem, at --temperature
     # sampling
-    prompts_per_step: int = 16  # B: problems per GRPO step
-    group_size: int = 8  # G: responses per problem
+    prompts_per_step: int = 8  # B: problems per GRPO step
+    group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)
     paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2)
     max_new_tokens: int = 160  # sampled tokens per response, over all branches
     max_path_tokens: int = 48  # sampled tokens per path
@@ -88,7 +95,7 @@ class TrainConfig:
     updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
     clip: float = 0.2  # PPO clip range (updates > 1 only)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
-    micro_batch: int = 32  # rows per forward/backward
+    micro_batch: int = 16  # rows per forward/backward
     max_grad_norm: float = 1.0  # gradient clipping
     # bookkeeping
     checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)
@@ -97,21 +104,45 @@ class TrainConfig:
 
 
 def summary(runner: Runner, stages) -> Table:
-    """The last step of each stage that ran, side by side."""
-    import json
-
-    records = [json.loads(l) for l in (runner.out / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    table = Table(title=f"run {runner.out}")
-    for column in ("stage", "kind", "steps", "reward", "accuracy", "parallel ratio", "rel. position", "seconds"):
-        table.add_column(column)
+    """One row per stage that ran: its training numbers, then held-out results of its model."""
+    records = [json.loads(line) for line in (runner.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    sets = runner.eval_sets() if runner.c.eval_problems else []
+    table = Table(title=f"run {runner.out} (held-out: first {runner.c.eval_problems} problems of each set, "
+                        f"{runner.c.eval_samples} samples at T = {runner.c.temperature:g})")
+    columns = ["stage", "steps", "last reward", *[f"acc {_label(spec)}" for spec in sets], "parallel",
+               "rel. pos", "paths", "accel.", "trunc.", "seconds"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "stage" else "right")
     for stage in stages:
         rows = [r for r in records if r.get("stage") == stage.name]
-        last = next((r for r in reversed(rows) if "step" in r), {})
-        done = next((r for r in reversed(rows) if r.get("event") == "done"), {})
-        cell = lambda key: f"{last[key]:.2f}" if isinstance(last.get(key), float) else "-"
-        table.add_row(stage.name, stage.kind, str(last.get("step", "-")), cell("reward"), cell("accuracy"),
-                      cell("parallel_ratio"), cell("relative_position"), f"{done.get('seconds', 0):.0f}")
+        steps = [r for r in rows if "step" in r]
+        rewards = [r["reward"] for r in steps[-5:] if "reward" in r]
+        seconds = sum(r["seconds"] for r in rows if r.get("event") == "done")
+        results = runner.evaluate(stage.name, runner.folder(stage) / "final", runner.folder(stage) / "eval.json") \
+            if stage.kind != "distill" else None
+        pooled = lambda key: _mean([results[spec][key] for spec in sets]) if results else None
+        table.add_row(stage.name, str(steps[-1]["step"]) if steps else "-", _cell(_mean(rewards)),
+                      *[_cell(results[spec]["accuracy"] if results else None, percent=True) for spec in sets],
+                      _cell(pooled("parallel_ratio"), percent=True), _cell(pooled("relative_position")),
+                      _cell(pooled("paths_per_block")), _cell(pooled("acceleration")),
+                      _cell(pooled("truncation_rate"), percent=True), f"{seconds:.0f}")
     return table
+
+
+def _label(spec: str) -> str:
+    """A short column name for an evaluation set: "toy:easy:heldout" -> "easy"."""
+    return spec.split(":")[1] if spec.startswith("toy:") else Path(spec).stem
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _cell(value, percent: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}%" if percent else f"{value:.2f}"
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -19,8 +19,12 @@ NPR (--recipe npr):
   sft               parallel SFT on the model's own traces
   parallel-rl       GRPO on hard problems, reward `accuracy`, format-invalid rollouts dropped
                     before the update (PAPO)
-Each stage reads the previous stage's `final/` folder as its model. Not here: how a stage runs
-(runner.py).
+The accuracy-only baseline (--baseline), after either recipe:
+  baseline-rl-easy  GRPO from the same starting model as the recipe (the pretrained base, or
+  baseline-rl-hard  --model), reward `accuracy`, no cold start, the same steps and sampling
+                    budget as the recipe's RL stages: does parallel thinking beat plain RL?
+Each stage reads the previous training stage's `final/` folder as its model (or the one its
+`start` names). Not here: how a stage runs (runner.py).
 """
 
 from __future__ import annotations
@@ -43,31 +47,40 @@ class Stage:
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
     drop_invalid: bool = False  # grpo: drop format-invalid rollouts before the update (PAPO)
     lr: float = 1e-5  # learning rate of this stage
+    start: str | None = None  # the stage whose final/ it starts from; None = the previous training stage,
+    #                           "" = the configured --model
 
 
 def recipe(config) -> list[Stage]:
     """The stages of `config.recipe`, sized by the config."""
     c = config
-    stages = []
-    if c.pretrain_data:
-        stages.append(Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr))
+    base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr)
+            ] if c.pretrain_data else []
     if c.recipe == "parallel-r1":
-        if not c.sft_data:
-            stages.append(Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1))
-        return stages + [
+        cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1)]
+        stages = base + cold_start + [
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
             Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
             Stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward, lr=c.lr),
         ]
-    if c.recipe == "npr":
-        return stages + [
+    elif c.recipe == "npr":
+        stages = base + [
             Stage("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr),
             Stage("rejection", "distill", c.easy_data, tries=c.distill_tries or 8),
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr),
             Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
                   lr=c.lr),
         ]
-    raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
+    else:
+        raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
+    if c.baseline:
+        start = "pretrain" if base else ""
+        stages += [
+            Stage("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="accuracy", lr=c.lr,
+                  start=start),
+            Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr),
+        ]
+    return stages
 
 
 def select(stages: list[Stage], names: str) -> list[Stage]:

@@ -47,7 +47,8 @@ class Grade:
 # ----------------------------------------------------------------------------- extraction
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_FINAL_LINE = re.compile(r"final answer\s*:\s*([^\n]*)", re.IGNORECASE)
+# the rest of the line, up to a tag: "Final Answer: 18</Summary>" (answer written inside a block) is "18"
+_FINAL_LINE = re.compile(r"final answer\s*:\s*((?:(?!</?[A-Za-z][\w-]*>)[^\n])*)", re.IGNORECASE)
 _NUMBER_THEN_WORDS = re.compile(r"^(-?[\d,]*\.?\d+)\s+(?:[A-Za-z]{2,}\s*)+$")  # "18 dollars"
 _LEADING_PHRASE = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
 
@@ -61,6 +62,8 @@ def extract_answer(text: str) -> str | None:
     '18'
     >>> extract_answer(r"Path one: \\boxed{5}. Final Answer: 7 apples") , extract_answer("no answer")
     ('7', None)
+    >>> extract_answer("<Summary>Final Answer: 18</Summary>")
+    '18'
     """
     box_at, box = _last_box(text)
     line_at, line = -1, None

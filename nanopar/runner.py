@@ -16,6 +16,7 @@ first. Not here: the stage lists (curriculum.py), the flags (train.py).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
 from .curriculum import Stage
 from .data import Problem, load_problems, read_jsonl, write_jsonl
+from .evaluation import evaluate, summarize
 from .grpo import GRPOSettings, Reference, group_advantages, grpo_update
 from .metrics import MetricsLog, rollout_metrics
 from .model import ModelSettings, load_model
@@ -61,13 +63,18 @@ class Runner:
         return (self.folder(stage) / ("traces.jsonl" if stage.kind == "distill" else "final")).exists()
 
     def input_model(self, stage: Stage) -> str:
-        """The `final/` of the last training stage before `stage`, or the configured model."""
-        before = [s for s in self.stages[: self.stages.index(stage)] if s.kind != "distill"]
-        if not before:
+        """The `final/` of the stage `stage.start` names (by default the last training stage before
+        it), or the configured model."""
+        if stage.start is None:
+            before = [s for s in self.stages[: self.stages.index(stage)] if s.kind != "distill"]
+            source = before[-1] if before else None
+        else:
+            source = next((s for s in self.stages if s.name == stage.start), None) if stage.start else None
+        if source is None:
             return self.c.model
-        final = self.folder(before[-1]) / "final"
+        final = self.folder(source) / "final"
         if not final.exists():
-            raise NanoparError(f"stage {stage.name} starts from stage {before[-1].name}, which is not done "
+            raise NanoparError(f"stage {stage.name} starts from stage {source.name}, which is not done "
                                f"({final} is missing): run it first")
         return str(final)
 
@@ -94,6 +101,8 @@ class Runner:
                 schedule_from_string(stage.reward)
             if stage.kind in ("grpo", "distill"):
                 self.problems(stage.data)
+        for spec in self.eval_sets() if self.c.eval_problems else []:
+            self.eval_problems(spec)
             if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
                 self.traces(stage)
 
@@ -114,11 +123,44 @@ class Runner:
     def run(self, stage: Stage) -> None:
         if self.done(stage):
             self.console.print(f"[dim]{stage.name}: done already ({self.folder(stage)}), skipped[/]")
-            return
-        self.folder(stage).mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        {"distill": self.distill, "sft": self.train, "grpo": self.train}[stage.kind](stage)
-        self.log.write({"stage": stage.name, "event": "done", "seconds": time.perf_counter() - started})
+        else:
+            self.folder(stage).mkdir(parents=True, exist_ok=True)
+            started = time.perf_counter()
+            {"distill": self.distill, "sft": self.train, "grpo": self.train}[stage.kind](stage)
+            self.log.write({"stage": stage.name, "event": "done", "seconds": time.perf_counter() - started})
+        if stage.kind != "distill":
+            self.evaluate(stage.name, self.folder(stage) / "final", self.folder(stage) / "eval.json")
+
+    def evaluate(self, name: str, model_name: str | Path, out: Path) -> dict | None:
+        """Held-out evaluation of a stage's model on each --eval-data set, once (kept in `out`).
+        -> {data spec: evaluation.summarize(...)}, or None when --eval-problems is 0."""
+        c = self.c
+        if not c.eval_problems or not c.eval_data:
+            return None
+        if out.exists():
+            return json.loads(out.read_text())
+        model, tokenizer, tags = self.load(str(model_name))
+        settings = self.sampler_settings(seed=c.seed)
+        results, started = {}, time.perf_counter()
+        with self.progress() as bar:
+            for spec in self.eval_sets():
+                problems = self.eval_problems(spec)
+                task = bar.add_task(f"evaluate {name} on {spec}", total=len(problems))
+                per_call = max(1, c.prompts_per_step * c.group_size // c.eval_samples)  # a GRPO step's responses
+                records = evaluate(model, tokenizer, problems, settings, c.eval_samples, self.instructions, c.chat,
+                                   per_call, progress=lambda done, task=task: bar.update(task, completed=done))
+                results[spec] = summarize(records)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        self.log.write({"stage": name, "event": "eval", "seconds": time.perf_counter() - started, "results": results})
+        return results
+
+    def eval_sets(self) -> list[str]:
+        return [spec.strip() for spec in self.c.eval_data.split(",") if spec.strip()]
+
+    def eval_problems(self, spec: str) -> list[Problem]:
+        """The first --eval-problems problems of an evaluation set (a fixed list: every stage sees the same)."""
+        return load_problems(spec, self.c.question_field or None, self.c.answer_field or None, self.c.eval_problems)
 
     def sampler_settings(self, seed: int, temperature: float | None = None) -> SamplerSettings:
         c = self.c
@@ -164,7 +206,8 @@ class Runner:
         checkpoint = latest_checkpoint(folder)
         model, tokenizer, tags = self.load(str(checkpoint) if checkpoint else self.input_model(stage))
         model.train()
-        optimizer, scheduler = make_optimizer(model, stage.lr, c.weight_decay, c.warmup_steps)
+        optimizer, scheduler = make_optimizer(model, stage.lr, c.weight_decay, c.warmup_steps,
+                                              c.sft_schedule if stage.kind == "sft" else "constant", stage.steps)
         step = load_trainer_state(checkpoint, optimizer, scheduler) if checkpoint else 0
         if checkpoint:
             self.log.drop_after(stage.name, step)

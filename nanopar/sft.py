@@ -6,12 +6,10 @@ prompt as context only. In structured mode the batch is read with the layout's m
 positions, so a path learns to be written without seeing its siblings, exactly as the sampler
 will decode it; in causal mode it is a plain causal read. Log-probs come from
 `forward.trace_logprobs` at temperature 1 over the real vocabulary, as the policy is defined.
-Not here: where traces come from (coldstart.py), the loop over steps (train.py).
+Not here: where traces come from (runner.py, toy.py), the loop over steps (runner.py).
 """
 
 from __future__ import annotations
-
-
 
 from .forward import make_batch, trace_logprobs
 from .optim import apply_gradients
@@ -23,6 +21,10 @@ def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[in
              scheduler=None) -> dict:
     """One optimiser step on a batch of (prompt ids, response ids). -> metrics"""
     device = next(model.parameters()).device
+    # shortest rows first: each micro-batch is trimmed to its own longest row (less padding); the
+    # loss is a sum over rows, so the order changes nothing else
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
+    prompts, responses = [prompts[i] for i in order], [responses[i] for i in order]
     batch = make_batch(prompts, responses, [[1.0] * len(r) for r in responses], pad_id, device)
     total = batch.target_mask.sum().clamp(min=1)  # response tokens in the whole batch
     model.train()

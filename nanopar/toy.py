@@ -5,11 +5,13 @@ The task: reach a target from a few numbers with + - *, each number used exactly
     question  "numbers 3 7 12 target 33"          answer  "(7*3)+12"
 
   easy  3 numbers (the GSM8K analogue)     hard  4 numbers (the DAPO analogue)
-  numbers 1..15; every intermediate result (and so the target) a positive integer <= 150; no
+  numbers 1..9; every intermediate result (and so the target) a positive integer <= 100; no
   division, so every route stays in the integers. The target is the value of a random legal
   *route* (a sequence of steps, each combining two of the numbers left), so every problem has a
   solution. Trying several routes side by side genuinely helps: an easy problem has <= 27 legal
-  routes and on average ~11% of them reach the target; a hard one ~290 routes, ~4% of them.
+  routes and on average ~11% of them reach the target; a hard one ~280 routes, ~4% of them.
+  Small numbers keep the arithmetic a 0.8M model must learn small (about 3x fewer facts than
+  1..15 and <= 150), so pretraining reaches useful accuracy in a few CPU minutes.
 
 Split: a problem belongs to the held-out split when a checksum of (sorted numbers, target) is
 0 mod 10, so `make_problems` (training, any seed; repeats allowed) and `heldout` (fixed seed,
@@ -22,14 +24,18 @@ and the value only; intermediates of the answer are not held to the generator's 
 The teacher writes one line per attempt, the comparison with the target written out (without
 it the feasibility study's model learned the arithmetic but said "yes" to wrong values), and
 stops after the attempt that checks out, which is the problem's own route (`extra["steps"]`);
-the other attempts are random legal routes that miss:
+the other attempts are random legal routes that miss. The attempt that checks out turns its
+steps into the answer expression right there ("so (7*3)+12"), so a summary has only to copy the
+few tokens after "yes so" from whichever path holds them (a measured failure otherwise: a summary
+reads its paths at shared positions, and re-deriving the expression from the steps of one path
+of three was where a third of the cold-started model's answers went wrong):
 
-    sequential  12-7=5,5*3=15vs33no        parallel (easy only)  <Parallel><Path>12-7=5,5*3=15vs33no</Path>
-                7*3=21,21+12=33vs33yes                           <Path>7*3=21,21+12=33vs33yes</Path>...</Parallel>
-                Final Answer: (7*3)+12                           <Summary>7*3=21,21+12=33vs33yes</Summary>
-                                                                 Final Answer: (7*3)+12
-Lengths in `toy_tokenizer` tokens (600 traces each): easy sequential mean ~59 / max ~105, hard
-sequential ~70 / ~122, easy parallel ~94 / ~120; tests/test_toy.py holds them <= 130.
+    sequential  12-7=5,5*3=15vs33no              parallel (easy only)  <Parallel><Path>12-7=5,5*3=15vs33no</Path>
+                7*3=21,21+12=33vs33yes so (7*3)+12     <Path>7*3=21,21+12=33vs33yes so (7*3)+12</Path>...</Parallel>
+                Final Answer: (7*3)+12                 <Summary>(7*3)+12</Summary>
+                                                       Final Answer: (7*3)+12
+Lengths in `toy_tokenizer` tokens (600 traces each): easy sequential mean ~51 / max ~85, hard
+sequential ~62 / ~94, easy parallel ~84 / ~92; tests/test_toy.py holds them <= 130.
 Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
 alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\\n").
 """
@@ -57,8 +63,8 @@ class Level:
     count: int  # how many numbers
     attempts: int  # K of the sequential teacher: the correct route sits at a random attempt 1..K
     low: int = 1  # smallest number
-    high: int = 15  # largest number
-    bound: int = 150  # every intermediate result lies in 1..bound
+    high: int = 9  # largest number
+    bound: int = 100  # every intermediate result lies in 1..bound
 
 
 LEVELS = {"easy": Level(count=3, attempts=4), "hard": Level(count=4, attempts=3)}
@@ -77,14 +83,14 @@ class Route:
     expression: str  # the same route as one expression: "(7*3)+12"
 
 
-def routes(numbers, bound: int = 150) -> list[Route]:
+def routes(numbers, bound: int = 100) -> list[Route]:
     """Every legal route over `numbers` (intermediates in 1..bound), without duplicates.
 
     >>> [r.steps for r in routes([2, 3])]
     [('3+2=5',), ('3-2=1',), ('3*2=6',)]
-    >>> all_routes = routes([3, 7, 12])  # 3 pairs x 3 ops x 3 ops, less 3 products over 150
+    >>> all_routes = routes([3, 7, 12])  # 3 pairs x 3 ops x 3 ops, less 5 over 100 (252 three times, 105, 120)
     >>> len(all_routes), [(r.steps, r.expression) for r in all_routes if r.value == 33]
-    (24, [(('7*3=21', '21+12=33'), '(7*3)+12')])
+    (22, [(('7*3=21', '21+12=33'), '(7*3)+12')])
     """
     states = [(tuple((n, str(n)) for n in sorted(numbers)), ())]  # (pool of (value, expression), steps)
     for _ in range(len(numbers) - 1):  # each step replaces two items of the pool by one
@@ -106,7 +112,7 @@ def _moves(pool: tuple[tuple[int, str], ...], bound: int):
 
 def random_route(numbers, bound: int, rng: random.Random) -> Route:
     """A random legal route, built step by step (each step uniform over the legal steps); a walk
-    that gets stuck (say at 150 and 150) starts again. Needs one legal route (all "+" is, here)."""
+    that gets stuck (say at 100 and 100) starts again. Needs one legal route (all "+" is, here)."""
     pool, steps = tuple((n, str(n)) for n in numbers), ()
     while len(pool) > 1:
         moves = list(_moves(pool, bound))
@@ -131,7 +137,7 @@ def make_problems(level: str, n: int, seed: int, split: str = "train") -> list[P
 
     >>> p = make_problems("easy", 1, seed=0)[0]
     >>> p.question, p.answer, p.extra["steps"]
-    ('numbers 5 9 8 target 12', '(9+8)-5', ['9+8=17', '17-5=12'])
+    ('numbers 7 7 1 target 49', '7*(7*1)', ['7*1=7', '7*7=49'])
     """
     spec = LEVELS[level]
     rng, problems = random.Random(seed), []
@@ -151,10 +157,10 @@ def make_problems(level: str, n: int, seed: int, split: str = "train") -> list[P
     return problems
 
 
-def heldout(level: str, n: int = 200) -> list[Problem]:
+def heldout(level: str, n: int = 150) -> list[Problem]:
     """The fixed held-out split of a level: `n` distinct problems no training seed can produce."""
     seen, kept = set(), []
-    for p in make_problems(level, 4 * n, HELDOUT_SEED, split="heldout"):
+    for p in make_problems(level, 40 * n, HELDOUT_SEED, split="heldout"):  # repeats are common: draw plenty
         key = (tuple(sorted(p.extra["numbers"])), p.extra["target"])
         if key not in seen:
             seen.add(key)
@@ -227,12 +233,15 @@ def _atom(tokens, at, used):  # atom := number | "(" sum ")"
 
 
 def extract_toy_answer(text: str | None) -> str | None:
-    """The rest of the line after the last "Final Answer:", stripped; None when absent or empty.
+    """The rest of the line (up to a tag) after the last "Final Answer:", stripped; None when
+    absent or empty.
 
     >>> extract_toy_answer("7*3=21,21+12=33vs33yes\\nFinal Answer: (7*3)+12")
     '(7*3)+12'
+    >>> extract_toy_answer("<Path>Final Answer: (7*3)+12</Path>")
+    '(7*3)+12'
     """
-    found = re.findall(r"Final Answer:([^\n]*)", text or "")
+    found = re.findall(r"Final Answer:((?:(?!</?[A-Za-z][\w-]*>)[^\n])*)", text or "")
     return (found[-1].strip() or None) if found else None
 
 
@@ -258,8 +267,10 @@ def check_countdown(answer_text: str | None, problem: Problem) -> bool:
 
 
 def attempt_text(route: Route, target: int) -> str:
-    """One attempt, its comparison with the target written out: "7*3=21,21+12=33vs33yes"."""
-    return f"{','.join(route.steps)}vs{target}{'yes' if route.value == target else 'no'}"
+    """One attempt, its comparison with the target written out, and the expression when it
+    checks out: "7*3=21,21+12=33vs33yes so (7*3)+12" or "12-7=5,5*3=15vs33no"."""
+    verdict = f"yes so {route.expression}" if route.value == target else "no"
+    return f"{','.join(route.steps)}vs{target}{verdict}"
 
 
 def _pick_routes(problem: Problem, rng: random.Random, k: int) -> tuple[list[Route], Route]:
@@ -300,7 +311,7 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
     chosen, right = _pick_routes(problem, rng, paths)
     target = problem.extra["target"]
     block = "".join(f"{t.path_open}{attempt_text(r, target)}{t.path_close}" for r in chosen)
-    summary = f"{t.summary_open}{attempt_text(right, target)}{t.summary_close}"
+    summary = f"{t.summary_open}{right.expression}{t.summary_close}"
     return f"{t.parallel_open}{block}{t.parallel_close}{summary}\n{FINAL} {right.expression}"
 
 
@@ -308,7 +319,7 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
 
 
 EOS = "<|endoftext|>"
-WORDS = [FINAL, "numbers", "target", "yes", "no", "vs"]  # whole tokens; everything else is a character
+WORDS = [FINAL, "numbers", "target", "yes", "no", "vs", " so "]  # whole tokens; everything else is a character
 
 
 def toy_tokenizer() -> PreTrainedTokenizerFast:

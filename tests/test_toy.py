@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from nanopar.data import Problem
 from nanopar.format import check_format
 from nanopar.model import ModelSettings, load_model
 from nanopar.tags import PARALLEL_R1, TagIds
@@ -35,9 +36,16 @@ from nanopar.trace import parse_trace, trace_stats
 
 N = 600  # traces of each kind
 STEP = re.compile(r"^(\d+)([-+*])(\d+)=(\d+)$")
-# Token bounds the teacher keeps (measured: easy sequential mean ~58 / max ~104, hard sequential
-# ~69 / ~126, easy parallel ~94 / ~120).
+# Token bounds the teacher keeps (measured: easy sequential mean ~51 / max ~85, hard sequential
+# ~62 / ~94, easy parallel ~84 / ~92).
 BOUNDS = {"easy-sequential": (70, 130), "hard-sequential": (80, 130), "easy-parallel": (100, 130)}
+
+
+def known_problem():
+    """numbers 5 9 8 target 12, answer (9+8)-5, written out (not drawn: independent of the generator)."""
+    return Problem("t", "numbers 5 9 8 target 12", "(9+8)-5", "toy-easy",
+                   {"numbers": [5, 9, 8], "target": 12, "level": "easy", "checker": "countdown",
+                    "steps": ["9+8=17", "17-5=12"]})
 
 
 def key(problem):
@@ -83,13 +91,13 @@ def test_generators_are_seeded(held):
 def test_heldout_is_fixed_distinct_and_disjoint_from_training(held):
     for level in LEVELS:
         split = held[level]
-        assert len(split) == 200 and len({key(p) for p in split}) == 200
-        assert len({p.id for p in split}) == 200 and all(p.id.startswith(f"toy-{level}-heldout:") for p in split)
+        assert len(split) == 150 and len({key(p) for p in split}) == 150
+        assert len({p.id for p in split}) == 150 and all(p.id.startswith(f"toy-{level}-heldout:") for p in split)
         assert all(is_heldout(*key(p)) for p in split)
         train = [p for seed in range(4) for p in make_problems(level, 1000, seed)]
         assert not {key(p) for p in train} & {key(p) for p in split}
         assert not any(is_heldout(*key(p)) for p in train)
-        assert len({key(p) for p in train}) > 1500  # the training space is not tiny
+        assert len({key(p) for p in train}) > 1200  # not tiny: easy ~1,400 distinct in 4,000 draws, hard more
 
 
 def test_problems_are_well_formed_and_solvable(problems):
@@ -101,12 +109,13 @@ def test_problems_are_well_formed_and_solvable(problems):
             assert len(numbers) == spec.count and all(spec.low <= n <= spec.high for n in numbers)
             assert 1 <= target <= spec.bound
             assert check_countdown(p.answer, p)
-            assert replay(",".join(p.extra["steps"]) + f"vs{target}yes", numbers, target, spec.bound) == target
+            assert replay(",".join(p.extra["steps"]) + f"vs{target}yes so {p.answer}", numbers, target, spec.bound) == target
     assert len({p.id for p in problems["easy"]}) == N
 
 
 def test_routes_enumerate_every_legal_route():
-    assert len(routes([3, 7, 12])) == 24  # 3 pairs x 3 ops x 3 ops less 3 products over 150
+    assert len(routes([3, 7, 12])) == 22  # 3 pairs x 3 ops x 3 ops, less 5 over 100 (252 three times, 105, 120)
+    assert len(routes([3, 7, 12], bound=150)) == 24  # only the three products 252 are over 150
     assert {r.value for r in routes([2, 2])} == {4}  # 2-2 = 0 is not positive; 2+2, 2*2 are one text each
     assert [r.steps for r in routes([2, 2])] == [("2+2=4",), ("2*2=4",)]
     easy, hard = (make_problems(level, 100, seed=9) for level in LEVELS)
@@ -119,8 +128,7 @@ def test_routes_enumerate_every_legal_route():
 
 
 def test_checker_accepts_correct_and_rejects_wrong_answers():
-    p = make_problems("easy", 1, seed=0)[0]  # numbers 5 9 8 target 12, answer (9+8)-5
-    assert (p.extra["numbers"], p.extra["target"]) == ([5, 9, 8], 12)
+    p = known_problem()
     for right in ["(9+8)-5", "9+8-5", " 8 + 9 - 5 ", "((9)+(8))-5"]:
         assert check_countdown(right, p), right
     wrong = {
@@ -156,8 +164,13 @@ def test_extract_toy_answer():
 
 
 def replay(attempt: str, numbers: list[int], target: int, bound: int) -> int:
-    """Check one attempt "a+b=c,...vsTyes|no" step by step; return its value."""
-    body, verdict = re.fullmatch(r"(.*)vs(\d+)(yes|no)", attempt).group(1, 3)
+    """Check one attempt "a+b=c,...vsTno" or "...vsTyes so EXPR" step by step; return its value.
+    EXPR must be the same route as the steps: it uses the numbers once each and has their value."""
+    body, verdict, expression = re.fullmatch(r"(.*)vs(\d+)(?:(no)|yes so (.+))", attempt).group(1, 3, 4)
+    verdict = "no" if verdict else "yes"
+    if expression is not None:
+        value, used = evaluate(expression)
+        assert value == target and sorted(used) == sorted(numbers), attempt
     pool = sorted(numbers)
     for step in body.split(","):
         a, op, b, value = STEP.match(step).groups()
@@ -181,7 +194,8 @@ def test_sequential_traces_pass_format_and_grade_correct(traces):
             *attempts, final = trace.split("\n")
             assert final.startswith(FINAL + " ") and 1 <= len(attempts) <= level.attempts
             for i, attempt in enumerate(attempts):
-                assert attempt.endswith("yes" if i == len(attempts) - 1 else "no"), trace
+                last = i == len(attempts) - 1
+                assert attempt.endswith(f"yes so {p.answer}" if last else "no"), trace
                 replay(attempt, p.extra["numbers"], p.extra["target"], level.bound)
             assert len(set(attempts)) == len(attempts)
             attempts_seen.add(len(attempts))
@@ -198,10 +212,12 @@ def test_parallel_traces_pass_format_and_grade_correct(traces):
         assert stats.valid_blocks == 1 and stats.paths_per_block == [PARALLEL_PATHS]
         paths = re.findall(f"{t.path_open}(.*?){t.path_close}", trace)
         summary = re.search(f"{t.summary_open}(.*?){t.summary_close}", trace).group(1)
-        verdicts = [path.endswith("yes") for path in paths]
-        assert verdicts.count(True) == 1 and summary == paths[verdicts.index(True)] and len(set(paths)) == len(paths)
+        verdicts = ["yes so " in path for path in paths]
+        right = paths[verdicts.index(True)]
+        assert verdicts.count(True) == 1 and right.endswith(f"yes so {summary}") and len(set(paths)) == len(paths)
+        assert summary == p.answer  # the summary keeps the answer of the path that checks out
         for path in paths:
-            replay(path, p.extra["numbers"], p.extra["target"], 150)
+            replay(path, p.extra["numbers"], p.extra["target"], LEVELS["easy"].bound)
         assert trace.startswith(t.parallel_open) and trace.endswith(f"{t.summary_close}\n{FINAL} {p.answer}")
         places.add(verdicts.index(True))
     assert places == set(range(PARALLEL_PATHS))  # the right path sits at every place
@@ -275,7 +291,7 @@ def test_rewards_grade_toy_problems_with_the_exact_checker():
     from nanopar.trace import parse_trace
     from nanopar.toy import make_problems, parallel_trace
 
-    problem = make_problems("easy", 1, seed=0)[0]  # numbers 5 9 8 target 12, answer (9+8)-5
+    problem = known_problem()
     assert grade("Final Answer: 9+8-5", problem).correct
     assert not grade("Final Answer: 12", problem).correct  # the value alone does not use the numbers
     assert grade("no answer", problem).error == "no answer found"

@@ -14,7 +14,8 @@ from nanopar.model import ModelSettings, load_model
 SMALL = ["--pretrain-steps", "3", "--sft-steps", "2", "--rl-easy-steps", "3", "--rl-hard-steps", "2",
          "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--max-path-tokens", "12",
          "--sft-batch", "8", "--checkpoint-every", "1", "--keep-checkpoints", "0", "--lr", "1e-3",
-         "--easy-reward", "format", "--hard-reward", "format"]  # untrained: format varies, accuracy is all -1
+         "--easy-reward", "format", "--hard-reward", "format",  # untrained: format varies, accuracy is all -1
+         "--eval-problems", "2", "--eval-samples", "1"]
 
 
 def final_weights(run):
@@ -108,7 +109,7 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
         for i, prompt in enumerate(prompts):
             problem = problems[tokenizer.decode(prompt).strip()]
             good = parallel_trace(problem, random.Random(i))
-            texts = [good.replace("Final Answer:", "Final Answer: 1+") if i % 2 else good] * samples_per_prompt
+            texts = [good.replace("Final Answer:", "Final Answer: 99+") if i % 2 else good] * samples_per_prompt
             for text in texts:
                 ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
                 stats = RolloutStats(len(ids), len(ids), 1, [], len(ids), 0, 0, 0.0, 0)
@@ -122,7 +123,7 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
         train.main(["--out", str(tmp_path), "--sft-data", "", "--pretrain-data", "", "--stages",
                     "cold-start-data,rl-easy", "--distill-tries", "2"])
     kept = [json.loads(l) for l in (tmp_path / "1-cold-start-data" / "traces.jsonl").read_text().splitlines()]
-    assert len(kept) == 3 and all("Final Answer: 1+" not in r["response"] for r in kept)
+    assert len(kept) == 3 and all("Final Answer: 99+" not in r["response"] for r in kept)
     log = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["kept_fraction"] for r in log if r.get("event") == "distill"] == [0.5]
 
@@ -167,8 +168,34 @@ def test_a_reward_file_adds_a_reward_selectable_by_name(tmp_path):
     from nanopar.toy import make_problems
     from nanopar.trace import parse_trace
 
-    problem = make_problems("easy", 1, seed=0)[0]
-    assert score("short_and_right", "Final Answer: 9+8-5", parse_trace(""), problem).total == 1.0
+    problem = make_problems("easy", 1, seed=0)[0]  # numbers 7 7 1 target 49, answer 7*(7*1)
+    assert problem.extra["numbers"] == [7, 7, 1] and problem.extra["target"] == 49
+    assert score("short_and_right", "Final Answer: 7*7*1", parse_trace(""), problem).total == 1.0
     del REWARDS["short_and_right"]
     with pytest.raises(NanoparError, match="reward file not found: nope.py"):
         train.main(["--out", str(tmp_path / "run"), "--reward-file", "nope.py"])
+
+
+def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path):
+    args = ["--out", str(tmp_path), *SMALL, "--baseline", "--pretrain-steps", "1", "--checkpoint-every", "0"]
+    train.main(args)
+    config = train.parse_config(train.TrainConfig, args)
+    stages = train.recipe(config)
+    runner = nanopar.runner.Runner(config, stages)
+    names = [s.name for s in stages]
+    assert names == ["pretrain", "sft", "rl-easy", "rl-hard", "baseline-rl-easy", "baseline-rl-hard"]
+    assert runner.input_model(stages[4]) == str(tmp_path / "1-pretrain" / "final")  # the base, not the SFT model
+    assert runner.input_model(stages[5]) == str(tmp_path / "5-baseline-rl-easy" / "final")
+    log = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["reward_spec"]["accuracy"] for r in log if r.get("stage", "").startswith("baseline") and "step" in r} == {1.0}
+    evaluated = [r["stage"] for r in log if r.get("event") == "eval"]
+    assert evaluated == names  # once each, in order
+    for stage, folder in zip(stages, sorted(tmp_path.glob("[0-9]-*"))):
+        results = json.loads((folder / "eval.json").read_text())
+        assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
+        assert all(r["problems"] == 2 and r["samples"] == 2 for r in results.values())
+    table = train.summary(runner, stages)
+    assert table.row_count == 6 and [c.header for c in table.columns][3:5] == ["acc easy", "acc hard"]
+    train.main(args)  # everything done: nothing is trained or evaluated again
+    again = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(again) == len(log)
