@@ -40,6 +40,7 @@ class TrainConfig:
     stages: str = "all"  # comma list of stage names to run, or "all"
     seed: int = 0  # seeds LoRA init, problem order and every sampling step
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
+    preset: str = ""  # "long": the ~25-minute toy run (see PRESETS); flags given explicitly still win
     # the model
     model: str = "tiny:toy"  # hub id, local folder, nanopar checkpoint, or tiny:toy / tiny:qwen2 / tiny:qwen3
     load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
@@ -104,29 +105,39 @@ class TrainConfig:
 
 
 def summary(runner: Runner, stages) -> Table:
-    """One row per stage that ran: its training numbers, then held-out results of its model."""
+    """Stages as columns: their training numbers, then the held-out results of each stage's model."""
     records = [json.loads(line) for line in (runner.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    sets = runner.eval_sets() if runner.c.eval_problems else []
-    table = Table(title=f"run {runner.out} (held-out: first {runner.c.eval_problems} problems of each set, "
-                        f"{runner.c.eval_samples} samples at T = {runner.c.temperature:g})")
-    columns = ["stage", "steps", "last reward", *[f"acc {_label(spec)}" for spec in sets], "parallel",
-               "rel. pos", "paths", "accel.", "trunc.", "seconds"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "stage" else "right")
+    c = runner.c
+    sets = runner.eval_sets() if c.eval_problems else []
+    table = Table(title=f"{runner.out}: held-out results after each stage "
+                        f"(first {c.eval_problems} problems of each set, {c.eval_samples} samples at T = {c.temperature:g})")
+    table.add_column("", no_wrap=True)
+    for stage in stages:
+        table.add_column(stage.name, justify="right", overflow="fold")
+    columns = []
     for stage in stages:
         rows = [r for r in records if r.get("stage") == stage.name]
         steps = [r for r in rows if "step" in r]
-        rewards = [r["reward"] for r in steps[-5:] if "reward" in r]
-        seconds = sum(r["seconds"] for r in rows if r.get("event") == "done")
         results = runner.evaluate(stage.name, runner.folder(stage) / "final", runner.folder(stage) / "eval.json") \
             if stage.kind != "distill" else None
-        pooled = lambda key: _mean([results[spec][key] for spec in sets]) if results else None
-        table.add_row(stage.name, str(steps[-1]["step"]) if steps else "-", _cell(_mean(rewards)),
-                      *[_cell(results[spec]["accuracy"] if results else None, percent=True) for spec in sets],
-                      _cell(pooled("parallel_ratio"), percent=True), _cell(pooled("relative_position")),
-                      _cell(pooled("paths_per_block")), _cell(pooled("acceleration")),
-                      _cell(pooled("truncation_rate"), percent=True), f"{seconds:.0f}")
+        column = {"steps": str(steps[-1]["step"]) if steps else "-",
+                  "reward (last 5 steps)": _cell(_mean([r["reward"] for r in steps[-5:] if "reward" in r])),
+                  "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
+        for spec in sets:
+            result = (results or {}).get(spec, {})
+            for key, name, percent in EVAL_ROWS:
+                column[f"{_label(spec)}: {name}"] = _cell(result.get(key), percent)
+        columns.append(column)
+    for name in columns[0] if columns else []:
+        table.add_row(name, *[column[name] for column in columns], end_section=name == "seconds")
     return table
+
+
+EVAL_ROWS = [  # (evaluation.summarize key, row name, shown as a percentage)
+    ("accuracy", "accuracy", True), ("parallel_ratio", "parallel ratio", True),
+    ("relative_position", "<Parallel> position", False), ("paths_per_block", "paths/block", False),
+    ("acceleration", "acceleration", False), ("truncation_rate", "truncated", True),
+]
 
 
 def _label(spec: str) -> str:
@@ -145,8 +156,27 @@ def _cell(value, percent: bool = False) -> str:
     return f"{100 * value:.1f}%" if percent else f"{value:.2f}"
 
 
+PRESETS = {  # name -> the TrainConfig fields it changes
+    "long": {"out": "runs/long", "pretrain_steps": 2000, "sft_steps": 400, "rl_easy_steps": 60, "rl_hard_steps": 60},
+}
+
+
+def apply_preset(config: TrainConfig, argv: list[str]) -> TrainConfig:
+    """Set the preset's fields, except those given as flags in `argv`."""
+    if not config.preset:
+        return config
+    if config.preset not in PRESETS:
+        raise NanoparError(f"unknown preset {config.preset!r}: use one of {', '.join(PRESETS)}")
+    given = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    for field, value in PRESETS[config.preset].items():
+        if field not in given:
+            setattr(config, field, value)
+    return config
+
+
 def main(argv: list[str] | None = None) -> Path:
-    config = parse_config(TrainConfig, argv, description=__doc__.split("\n")[0])
+    argv = sys.argv[1:] if argv is None else argv
+    config = apply_preset(parse_config(TrainConfig, argv, description=__doc__.split("\n")[0]), argv)
     console = Console()
     if config.plot:
         png = plot_metrics(Path(config.plot) / "metrics.jsonl", Path(config.plot) / "metrics.png")

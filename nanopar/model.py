@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass
 
@@ -26,6 +27,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from . import NanoparError
 from .tags import PARALLEL_R1, TagIds, TagSchema
 from .tiny import TINY_PREFIX, tiny_named
+
+# bitsandbytes warns at import, on CPUs with AVX512-BF16, that an optional `kernels` package for
+# its repacked 4-bit CPU path is missing; nanopar turns that path off (`disable_bnb_cpu_repack`),
+# so the line would only alarm users of every script, 4-bit or not
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 QWEN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -136,6 +136,8 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
         (["--stages", "sft,rl"], "unknown stage(s) rl: this recipe has pretrain, sft, rl-easy, rl-hard"),
         (["--instructions", "verbose"], "unknown instructions 'verbose'"),
         (["--easy-data", "missing.jsonl"], "benchmark or file not found: missing.jsonl"),
+        (["--preset", "huge"], "unknown preset 'huge': use one of long"),
+        (["--eval-data", "toy:medium:heldout"], "unknown toy data 'toy:medium:heldout'"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message, tmp_path):
@@ -195,7 +197,17 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
         assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
         assert all(r["problems"] == 2 and r["samples"] == 2 for r in results.values())
     table = train.summary(runner, stages)
-    assert table.row_count == 6 and [c.header for c in table.columns][3:5] == ["acc easy", "acc hard"]
+    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * len(train.EVAL_ROWS)
+    rows = list(table.columns[0].cells)
+    hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["toy:hard:heldout"]
+    assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"
     train.main(args)  # everything done: nothing is trained or evaluated again
     again = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(again) == len(log)
+
+
+def test_a_preset_sets_its_fields_but_explicit_flags_win():
+    argv = ["--preset", "long", "--sft-steps", "7"]
+    config = train.apply_preset(train.parse_config(train.TrainConfig, argv), argv)
+    assert (config.out, config.pretrain_steps, config.sft_steps) == ("runs/long", 2000, 7)
+    assert train.apply_preset(train.parse_config(train.TrainConfig, []), []).pretrain_steps == 600
