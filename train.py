@@ -1,6 +1,8 @@
 """Train a model to think in parallel: the Parallel-R1 or NPR curriculum, stage by stage.
 
-    python train.py                                    # the toy world on a CPU (see TrainConfig)
+    python train.py                                    # the toy world on a CPU, ~8 minutes (see TrainConfig)
+    python train.py --baseline                         # + accuracy-only GRPO from the same base
+    python train.py --preset long                      # the longer toy run (PRESETS)
     python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit --lora --lr 1e-5 \\
         --pretrain-data "" --easy-data gsm8k_train --hard-data path/to/dapo.jsonl \\
         --sft-data parallel_gsm8k.jsonl --instructions parallel --paths 2 --max-new-tokens 1024
@@ -9,8 +11,10 @@
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
 with the shared layout, checkpoints every --checkpoint-every steps and on Ctrl-C; running the
-same command again resumes. Metrics go to <out>/metrics.jsonl, one line per step.
-What it leaves out: multi-GPU, vLLM, evaluation on benchmarks (eval.py).
+same command again resumes. Metrics go to <out>/metrics.jsonl, one line per step. After each
+training stage its model is evaluated on --eval-data (<stage>/eval.json), and the run ends with
+a table of every stage side by side. What it leaves out: multi-GPU, vLLM, the full benchmark
+report with pass@k and speedup (eval.py).
 """
 
 from __future__ import annotations
