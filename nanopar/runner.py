@@ -101,10 +101,10 @@ class Runner:
                 schedule_from_string(stage.reward)
             if stage.kind in ("grpo", "distill"):
                 self.problems(stage.data)
-        for spec in self.eval_sets() if self.c.eval_problems else []:
-            self.eval_problems(spec)
             if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
                 self.traces(stage)
+        for spec in self.eval_sets() if self.c.eval_problems else []:
+            self.eval_problems(spec)
 
     def prompt(self, problem: Problem, tokenizer) -> list[int]:
         return build_prompt(problem, tokenizer, self.instructions, chat=self.c.chat)
@@ -132,13 +132,17 @@ class Runner:
             self.evaluate(stage.name, self.folder(stage) / "final", self.folder(stage) / "eval.json")
 
     def evaluate(self, name: str, model_name: str | Path, out: Path) -> dict | None:
-        """Held-out evaluation of a stage's model on each --eval-data set, once (kept in `out`).
-        -> {data spec: evaluation.summarize(...)}, or None when --eval-problems is 0."""
+        """Held-out evaluation of a stage's model on each --eval-data set, kept in `out` and done
+        again only when the evaluation flags change. -> {data spec: evaluation.summarize(...)},
+        or None when --eval-problems is 0."""
         c = self.c
         if not c.eval_problems or not c.eval_data:
             return None
-        if out.exists():
-            return json.loads(out.read_text())
+        how = {"data": self.eval_sets(), "problems": c.eval_problems, "samples": c.eval_samples,
+               "temperature": c.temperature, "seed": c.seed, "paths": c.paths, "max_new_tokens": c.max_new_tokens}
+        saved = json.loads(out.read_text()) if out.exists() else {}
+        if saved.get("how") == how:
+            return saved["results"]
         model, tokenizer, tags = self.load(str(model_name))
         settings = self.sampler_settings(seed=c.seed)
         results, started = {}, time.perf_counter()
@@ -151,7 +155,7 @@ class Runner:
                                    per_call, progress=lambda done, task=task: bar.update(task, completed=done))
                 results[spec] = summarize(records)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        out.write_text(json.dumps({"how": how, "results": results}, indent=1) + "\n")
         self.log.write({"stage": name, "event": "eval", "seconds": time.perf_counter() - started, "results": results})
         return results
 

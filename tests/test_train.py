@@ -193,17 +193,21 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     evaluated = [r["stage"] for r in log if r.get("event") == "eval"]
     assert evaluated == names  # once each, in order
     for stage, folder in zip(stages, sorted(tmp_path.glob("[0-9]-*"))):
-        results = json.loads((folder / "eval.json").read_text())
+        results = json.loads((folder / "eval.json").read_text())["results"]
         assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
         assert all(r["problems"] == 2 and r["samples"] == 2 for r in results.values())
     table = train.summary(runner, stages)
     assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * len(train.EVAL_ROWS)
     rows = list(table.columns[0].cells)
-    hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["toy:hard:heldout"]
+    hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"
     train.main(args)  # everything done: nothing is trained or evaluated again
     again = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(again) == len(log)
+    train.main([*args, "--eval-problems", "3"])  # other evaluation flags: evaluated again, not trained
+    third = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in third[len(log):]] == ["eval"] * 6
+    assert all(r["problems"] == 3 for r in third[-1]["results"].values())
 
 
 def test_a_preset_sets_its_fields_but_explicit_flags_win():
