@@ -159,16 +159,24 @@ def make_problems(level: str, n: int, seed: int, split: str = "train") -> list[P
 
 def heldout(level: str, n: int = 150) -> list[Problem]:
     """The fixed held-out split of a level: `n` distinct problems no training seed can produce."""
-    seen, kept = set(), []
-    for p in make_problems(level, 40 * n, HELDOUT_SEED, split="heldout"):  # repeats are common: draw plenty
-        key = (tuple(sorted(p.extra["numbers"])), p.extra["target"])
-        if key not in seen:
-            seen.add(key)
-            p.id = f"toy-{level}-heldout:{len(kept)}"
-            kept.append(p)
-    if len(kept) < n:
-        raise ValueError(f"only {len(kept)} distinct held-out {level} problems were drawn, not {n}")
-    return kept[:n]
+    return list(_heldout(level, n))
+
+
+@functools.lru_cache(maxsize=8)
+def _heldout(level: str, n: int) -> tuple[Problem, ...]:
+    """Computed once per process. Draws grow until `n` are distinct (easy repeats often); a longer
+    draw starts with the shorter one, so the result does not depend on how many draws it took."""
+    for draws in (4 * n, 16 * n, 64 * n):
+        seen, kept = set(), []
+        for p in make_problems(level, draws, HELDOUT_SEED, split="heldout"):
+            key = (tuple(sorted(p.extra["numbers"])), p.extra["target"])
+            if key not in seen:
+                seen.add(key)
+                p.id = f"toy-{level}-heldout:{len(kept)}"
+                kept.append(p)
+        if len(kept) >= n:
+            return tuple(kept[:n])
+    raise ValueError(f"only {len(kept)} distinct held-out {level} problems were drawn, not {n}")
 
 
 # --------------------------------------------------------------------------- checking
