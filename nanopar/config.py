@@ -39,7 +39,8 @@ def parse_config(cls, argv: list[str] | None = None, description: str = ""):
             kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
         flag = "--" + field.name.replace("_", "-")
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        options = dict(default=default, help=comments.get(field.name, ""))
+        help_text = comments.get(field.name, "").replace("%", "%%")  # argparse %-formats help texts
+        options = dict(default=default, help=help_text)
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
         elif typing.get_origin(kind) in (tuple, list):

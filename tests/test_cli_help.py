@@ -1,0 +1,23 @@
+"""Every script's --help: it prints (a "%" in a field comment once crashed argparse) and lists
+every field of the script's config with its comment."""
+
+import dataclasses
+
+import pytest
+
+import eval as eval_script
+import sample
+import train
+
+
+@pytest.mark.parametrize("script, config", [(train, train.TrainConfig), (sample, sample.SampleConfig),
+                                            (eval_script, eval_script.EvalConfig)])
+def test_help_lists_every_flag(script, config, capsys):
+    with pytest.raises(SystemExit) as exit:
+        script.main(["--help"])
+    assert exit.value.code == 0
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(config):
+        assert "--" + field.name.replace("_", "-") in text, field.name
+    if script is train:
+        assert '"cosine" (to 10%)' in " ".join(text.split())  # the comment, with its percent sign
