@@ -40,7 +40,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from nanopar import NanoparError
@@ -51,6 +50,7 @@ from nanopar.model import ModelSettings, load_model
 from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec
 from nanopar.sampler import SamplerSettings
+from nanopar.show import metric_cell, progress
 
 TOY_RUN_MODEL = "runs/default/4-rl-hard/final"  # what `python train.py` leaves
 
@@ -122,8 +122,7 @@ def run(config: EvalConfig, console: Console) -> dict:
     summary = {"model": config.model, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}
     records: list[dict] = []
     started = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
+    with progress(console) as bar:
         for name, problems in benchmarks.items():
             task = bar.add_task(name, total=len(problems))
             began = time.perf_counter()
@@ -197,12 +196,6 @@ ROWS = [
 KINDS = {key: kind for key, _, kind in ROWS}
 
 
-def cell(value, kind: str) -> str:
-    if not isinstance(value, (int, float)):
-        return "-"
-    return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "count": f"{value:,.0f}"}[kind]
-
-
 def results_table(summary: dict, title: str = "") -> Table:
     """Metrics as rows, one column per benchmark, and the average over benchmarks."""
     table = Table(title=escape(title))
@@ -216,9 +209,9 @@ def results_table(summary: dict, title: str = "") -> Table:
     k = {"accuracy": summary["samples_per_problem"], "pass_at_k": next(iter(benchmarks.values()))["k"]}
     for key, label, kind in ROWS:
         if any(key in m for m in benchmarks.values()):
-            mean = [cell(summary["average"].get(key), kind)] if with_average else []
+            mean = [metric_cell(summary["average"].get(key), kind)] if with_average else []
             label = label.replace("@k", f"@{k[key]}") if key in k else label
-            table.add_row(label, *[cell(m.get(key), kind) for m in benchmarks.values()], *mean)
+            table.add_row(label, *[metric_cell(m.get(key), kind) for m in benchmarks.values()], *mean)
     return table
 
 
@@ -230,7 +223,7 @@ def brief_table(name: str, metrics: dict, samples: int) -> Table:
     table.add_column("benchmark")
     for header in columns.values():
         table.add_column(header, justify="right")
-    table.add_row(escape(name), *[cell(metrics.get(key), KINDS[key]) for key in columns])
+    table.add_row(escape(name), *[metric_cell(metrics.get(key), KINDS[key]) for key in columns])
     return table
 
 
@@ -269,8 +262,8 @@ def compare(paths: tuple[str, ...], console: Console) -> dict:
             both = isinstance(va, (int, float)) and isinstance(vb, (int, float))
             difference = vb - va if both else None
             rows[(name, key)] = {"a": va, "b": vb, "difference": difference}
-            shown = "-" if difference is None else ("+" if difference > 0 else "") + cell(difference, kind)
-            table.add_row(escape(name), label, cell(va, kind), cell(vb, kind), shown)
+            shown = "-" if difference is None else ("+" if difference > 0 else "") + metric_cell(difference, kind)
+            table.add_row(escape(name), label, metric_cell(va, kind), metric_cell(vb, kind), shown)
         table.add_section()
     console.print(table)
     return rows

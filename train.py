@@ -34,6 +34,7 @@ from nanopar.curriculum import recipe, select
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner
+from nanopar.show import metric_cell
 
 
 @dataclass
@@ -125,22 +126,23 @@ def summary(runner: Runner, stages) -> Table:
         results = runner.evaluate(stage.name, runner.folder(stage) / "final", runner.folder(stage) / "eval.json") \
             if stage.kind != "distill" else None
         column = {"steps": str(steps[-1]["step"]) if steps else "-",
-                  "reward (last 5 steps)": _cell(_mean([r["reward"] for r in steps[-5:] if "reward" in r])),
+                  "reward (last 5 steps)": metric_cell(_mean([r["reward"] for r in steps[-5:] if "reward" in r]),
+                                                       "number"),
                   "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
         for spec in sets:
             result = (results or {}).get(spec, {})
-            for key, name, percent in EVAL_ROWS:
-                column[f"{_label(spec)}: {name}"] = _cell(result.get(key), percent)
+            for key, name, kind in EVAL_ROWS:
+                column[f"{_label(spec)}: {name}"] = metric_cell(result.get(key), kind)
         columns.append(column)
     for name in columns[0] if columns else []:
         table.add_row(name, *[column[name] for column in columns], end_section=name == "seconds")
     return table
 
 
-EVAL_ROWS = [  # (evaluation.summarize key, row name, shown as a percentage)
-    ("accuracy", "accuracy", True), ("parallel_ratio", "parallel ratio", True),
-    ("relative_position", "<Parallel> position", False), ("paths_per_block", "paths/block", False),
-    ("acceleration", "acceleration", False), ("truncation_rate", "truncated", True),
+EVAL_ROWS = [  # (evaluation.summarize key, row name, show.metric_cell kind)
+    ("accuracy", "accuracy", "rate"), ("parallel_ratio", "parallel ratio", "rate"),
+    ("relative_position", "<Parallel> position", "number"), ("paths_per_block", "paths/block", "number"),
+    ("acceleration", "acceleration", "number"), ("truncation_rate", "truncated", "rate"),
 ]
 
 
@@ -149,15 +151,8 @@ def _label(spec: str) -> str:
     return spec.split(":")[1] if spec.startswith("toy:") else Path(spec).stem
 
 
-def _mean(values):
-    values = [v for v in values if v is not None]
+def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _cell(value, percent: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{100 * value:.1f}%" if percent else f"{value:.2f}"
 
 
 PRESETS = {  # name -> the TrainConfig fields it changes

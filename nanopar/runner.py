@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 import transformers
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
@@ -39,7 +38,7 @@ from .prompts import build_prompt, instructions_named, stop_ids
 from .rewards import schedule_from_string, score
 from .sampler import SamplerSettings, sample
 from .sft import sft_step
-from .show import response_text, trace_tree
+from .show import progress, response_text, trace_tree
 from .tags import TagIds
 
 transformers.logging.disable_progress_bar()  # no "Writing model shards" bar at every checkpoint
@@ -145,12 +144,12 @@ class Runner:
             return saved["results"]
         model, tokenizer, tags = self.load(str(model_name))
         settings = self.sampler_settings(seed=c.seed)
+        per_call = max(1, c.prompts_per_step * c.group_size // c.eval_samples)  # a GRPO step's responses
         results, started = {}, time.perf_counter()
         with self.progress() as bar:
             for spec in self.eval_sets():
                 problems = self.eval_problems(spec)
                 task = bar.add_task(f"evaluate {name} on {spec}", total=len(problems))
-                per_call = max(1, c.prompts_per_step * c.group_size // c.eval_samples)  # a GRPO step's responses
                 records = evaluate(model, tokenizer, problems, settings, c.eval_samples, self.instructions, c.chat,
                                    per_call, progress=lambda done, task=task: bar.update(task, completed=done))
                 results[spec] = summarize(records)
@@ -312,9 +311,8 @@ class Runner:
         return GRPOSettings(advantage=c.advantage, updates=c.updates, clip=c.clip, kl_beta=c.kl_beta,
                             micro_batch=c.micro_batch, max_grad_norm=c.max_grad_norm)
 
-    def progress(self) -> Progress:
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=self.console, transient=False)
+    def progress(self):
+        return progress(self.console)
 
 
 def _brief(metrics: dict) -> str:

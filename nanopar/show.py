@@ -3,12 +3,14 @@
 Used by sample.py, and by training to print a sample trace now and then. Text is decoded span by
 span from the token ids, so what you see is exactly what the sampler and the layout read.
 Also `rollout_record`, the machine-readable form of a rollout (sample.py --json, eval files),
-and `response_text`, the text rewards grade.
+`response_text`, the text rewards grade, and the two things every script's display shares: the
+progress bar and how a metric is written in a table (`metric_cell`).
 """
 
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
 from .trace import trace_stats
@@ -82,3 +84,20 @@ def rollout_record(rollout, tokenizer) -> dict:
         },
         "stats": vars(rollout.stats),
     }
+
+
+def progress(console=None) -> Progress:
+    """The progress bar of every long job: description, bar, done/total, elapsed time."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console)
+
+
+def metric_cell(value, kind: str) -> str:
+    """A metric as a table shows it: kind "rate" (a percentage), "number" or "count"; "-" if absent.
+
+    >>> metric_cell(0.125, "rate"), metric_cell(1.5, "number"), metric_cell(6619.4, "count"), metric_cell(None, "rate")
+    ('12.5%', '1.50', '6,619', '-')
+    """
+    if not isinstance(value, (int, float)):
+        return "-"
+    return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "count": f"{value:,.0f}"}[kind]
