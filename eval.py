@@ -47,6 +47,7 @@ from nanopar.config import parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.evaluation import decode_rate, evaluate, rescore, reward_report, sequential_rate, summarize
 from nanopar.model import ModelSettings, load_model
+from nanopar.policy import Policy
 from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec
 from nanopar.sampler import SamplerSettings
@@ -68,6 +69,8 @@ class EvalConfig(SamplerSettings):
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
     device: str = "auto"  # cpu / cuda / auto
     # how to sample (every SamplerSettings knob is a flag; these defaults are train.py's toy ones)
+    mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
+    temperature: float = 1.0  # sampling temperature (0 = greedy)
     samples: int = 4  # k: responses per problem (mean@k, pass@k)
     pass_k: int = 0  # k of pass@k (0 = --samples)
     instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
@@ -102,8 +105,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run(config: EvalConfig, console: Console) -> dict:
-    settings = SamplerSettings(**{f: getattr(config, f) for f in SamplerSettings.__dataclass_fields__})
+    settings = SamplerSettings.taken_from(config)
     settings.check()  # everything that can be wrong fails before the (slow) model load
+    Policy(None, config.mode, config.temperature)  # checks mode and temperature
     instructions = instructions_named(config.instructions)
     if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0:
         raise NanoparError("--samples and --batch-size must be >= 1, --speedup-batches >= 0")
@@ -117,6 +121,7 @@ def run(config: EvalConfig, console: Console) -> dict:
                            "or give --model (hub id, folder, checkpoint, or tiny:toy for a random toy model)")
     model, tokenizer = load_model(ModelSettings(config.model, dtype=config.dtype, device=config.device,
                                                 load_in_4bit=config.load_in_4bit))
+    policy = Policy.of(tokenizer, config.mode, config.temperature)
     out = Path(config.out)
     save_config(config, out)
     summary = {"model": config.model, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}
@@ -126,10 +131,10 @@ def run(config: EvalConfig, console: Console) -> dict:
         for name, problems in benchmarks.items():
             task = bar.add_task(name, total=len(problems))
             began = time.perf_counter()
-            found = evaluate(model, tokenizer, problems, settings, config.samples, instructions, config.chat,
+            found = evaluate(model, tokenizer, problems, policy, settings, config.samples, instructions, config.chat,
                              config.batch_size, progress=lambda done, task=task: bar.update(task, completed=done))
-            metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, settings,
-                                                                      instructions, config)
+            metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, policy,
+                                                                      settings, instructions, config)
             summary["benchmarks"][name] = metrics | {"seconds": time.perf_counter() - began}
             summary["average"] = average(summary["benchmarks"])
             records += [{"benchmark": name, **r} for r in found]
@@ -150,13 +155,13 @@ def load_benchmark(name: str, config: EvalConfig):
     return problems
 
 
-def speed(records, model, tokenizer, problems, settings, instructions: str, config: EvalConfig) -> dict:
+def speed(records, model, tokenizer, problems, policy, settings, instructions: str, config: EvalConfig) -> dict:
     """Decode tokens/s of the run; with --speedup-batches, NPR's speedup over sequential decoding."""
     metrics = {"tokens_per_second": decode_rate(records)["tokens_per_second"]}
     if config.speedup_batches:
         count = config.speedup_batches * config.batch_size
         parallel = decode_rate(records, config.speedup_batches)["tokens_per_second"]
-        sequential = sequential_rate(model, tokenizer, problems[:count], settings, config.samples, instructions,
+        sequential = sequential_rate(model, tokenizer, problems[:count], policy, settings, config.samples, instructions,
                                      config.chat, config.batch_size)["tokens_per_second"]
         metrics |= {"speedup_batches": config.speedup_batches, "parallel_tokens_per_second": parallel,
                     "sequential_tokens_per_second": sequential,

@@ -23,10 +23,10 @@ from nanopar import NanoparError
 from nanopar.config import parse_config
 from nanopar.data import load_problems
 from nanopar.model import ModelSettings, load_model
+from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, instructions_named, stop_ids
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.show import rollout_record, trace_tree
-from nanopar.tags import TagIds
 
 
 @dataclass
@@ -38,6 +38,7 @@ class SampleConfig(SamplerSettings):
     instructions: str = "none"  # put before the question: "parallel" (tag instructions), "plain", "none"
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     system: str = ""  # system message for the chat template ("" = the template's default)
+    mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
     temperature: float = 0.7  # 0 = greedy
     load_in_4bit: bool = False  # quantise the base model to NF4 (bitsandbytes)
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
@@ -50,8 +51,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     config = parse_config(SampleConfig, argv, description=__doc__.split("\n")[0])
     if not config.model:
         raise NanoparError("--model is required (hub id, local folder or nanopar checkpoint)")
-    settings = SamplerSettings(**{f: getattr(config, f) for f in SamplerSettings.__dataclass_fields__})
+    settings = SamplerSettings.taken_from(config)
     settings.check()  # before the (slow) model load
+    Policy(None, config.mode, config.temperature)  # checks mode and temperature
     instructions = instructions_named(config.instructions)
     prompts = ([config.prompt] if config.prompt else []) + (
         [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
@@ -61,10 +63,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model, tokenizer = load_model(
         ModelSettings(config.model, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit)
     )
-    tag_ids = TagIds.from_tokenizer(tokenizer)
+    policy = Policy.of(tokenizer, config.mode, config.temperature)
     ids = [build_prompt(p, tokenizer, instructions=instructions, system=config.system or None,
                         chat=config.chat) for p in prompts]
-    rollouts = sample(model, ids, settings, tag_ids, stop_ids(model, tokenizer), len(tokenizer), config.samples)
+    rollouts = sample(model, ids, policy, settings, stop_ids(model, tokenizer), config.samples)
     records = [rollout_record(r, tokenizer) for r in rollouts]
     text = json.dumps(records, indent=1)
     if config.json == "-":

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nanopar.kvcache import LaneCache
+from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
@@ -71,13 +72,13 @@ def throughput_rows(table):
         "1M params, 2k vocab": tiny_qwen_model(vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2),
         "real 151,936 vocab": tiny_qwen_model(vocab_size=151936, hidden_size=64, num_layers=2),
     }
-    settings = SamplerSettings(temperature=0, max_new_tokens=NEW_TOKENS)
+    settings, greedy = SamplerSettings(max_new_tokens=NEW_TOKENS), Policy(None, temperature=0)
     for name, model in models.items():
         params = sum(p.numel() for p in model.parameters()) / 1e6
         for batch in (1, 8, 32):
             batch_prompts = prompts(batch, model.config.vocab_size)
             (ours, rollouts), (theirs, their_cache) = race(
-                lambda: sample(model, batch_prompts, settings, None, eos_ids=[]),
+                lambda: sample(model, batch_prompts, greedy, settings, eos_ids=[]),
                 lambda: generate_baseline(model, batch_prompts),
             )
             tokens = batch * NEW_TOKENS
@@ -113,12 +114,12 @@ def acceleration_rows(table):
     L = 32 if QUICK else 128
     prompt = prompts(1, vocab - 10)[0] + [trigger]
     for K in (2, 4, 8):
-        parallel = SamplerSettings(temperature=0, paths=K, max_path_tokens=L, max_new_tokens=K * L + 4)
+        parallel = SamplerSettings(paths=K, max_path_tokens=L, max_new_tokens=K * L + 4)
         # the sequential run decodes as many tokens as the parallel response holds: K (L + 2) + 6
-        sequential = SamplerSettings(temperature=0, max_new_tokens=K * (L + 2) + 6)
+        sequential = SamplerSettings(max_new_tokens=K * (L + 2) + 6)
         (par_time, (par,)), (seq_time, (seq,)) = race(
-            lambda: sample(model, [prompt], parallel, tags, eos_ids=[]),
-            lambda: sample(model, [prompt], sequential, None, eos_ids=[]),
+            lambda: sample(model, [prompt], Policy(tags, temperature=0), parallel, eos_ids=[]),
+            lambda: sample(model, [prompt], Policy(None, temperature=0), sequential, eos_ids=[]),
         )
         assert par.stats.forks == 1 and par.stats.path_lengths == [[L + 2] * K], par.stats
         assert seq.stats.new_tokens == par.stats.new_tokens, (seq.stats, par.stats)

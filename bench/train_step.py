@@ -61,6 +61,7 @@ from nanopar.forward import trace_logprobs
 from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update, policy_loss, rollout_batch
 from nanopar.layout import build_layout, mask_dtype
 from nanopar.optim import apply_gradients, make_optimizer
+from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
@@ -186,22 +187,22 @@ def grpo_step(c: Contestant, clock: Clock, check: bool = True) -> dict:
     """One GRPO step of `c`, part by part through `clock`, then (`check`) grpo_update itself on
     the same rollouts. -> sizes for the table"""
     model = c.model
-    settings = SamplerSettings(mode=c.mode, temperature=1.0, max_new_tokens=c.new_tokens, seed=0)
+    policy = Policy(c.tags, c.mode, 1.0, c.vocab_size)
+    settings = SamplerSettings(max_new_tokens=c.new_tokens, seed=0)
     hook = model.get_output_embeddings().register_forward_hook(lambda m, a, out: out + c.bias)
     try:
-        rollouts = clock("sample", lambda: sample(model, c.prompts, settings, c.tags, eos_ids=[],
-                                                  vocab_size=c.vocab_size, samples_per_prompt=c.group))
+        rollouts = clock("sample", lambda: sample(model, c.prompts, policy, settings, eos_ids=[],
+                                                  samples_per_prompt=c.group))
     finally:
         hook.remove()
     advantages = group_advantages(c.rewards, c.group)  # [B * G]
     grpo = GRPOSettings(micro_batch=c.micro_batch)  # kl_beta 0, one update: on-policy
-    read = dict(tag_ids=c.tags, mode=c.mode, temperature=1.0, vocab_size=c.vocab_size)
     slices = [slice(i, i + grpo.micro_batch) for i in range(0, len(rollouts), grpo.micro_batch)]
     model.train()
 
     @torch.no_grad()
     def no_grad_read(batch):
-        return [trace_logprobs(model, batch.rows(s), **read)[0] for s in slices]  # [b, T-1] each
+        return [trace_logprobs(model, batch.rows(s), policy)[0] for s in slices]  # [b, T-1] each
 
     def old_read():
         batch = rollout_batch(rollouts, PAD, model.device)
@@ -224,7 +225,7 @@ def grpo_step(c: Contestant, clock: Clock, check: bool = True) -> dict:
         c.optimizer.zero_grad(set_to_none=True)
         for j, s in enumerate(slices):
             micro = batch.rows(s)
-            new, entropy = trace_logprobs(model, micro, **read, with_entropy=True)  # [b, T-1] each
+            new, entropy = trace_logprobs(model, micro, policy, with_entropy=True)  # [b, T-1] each
             loss = policy_loss(new, old[j], adv[s], micro.target_mask, total, grpo.clip)
             loss.backward()
             loss.item()  # grpo_update logs the loss and the entropy: each a sync
@@ -233,8 +234,7 @@ def grpo_step(c: Contestant, clock: Clock, check: bool = True) -> dict:
 
     clock("train", train)
     if check:
-        clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, grpo, c.tags, c.mode,
-                                                 1.0, c.vocab_size, PAD))
+        clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, policy, grpo, PAD))
     widths = [batch.rows(s).input_ids.shape[1] for s in slices]
     return dict(
         responses=len(rollouts), new_tokens=sum(r.stats.new_tokens for r in rollouts),

@@ -24,7 +24,8 @@ The accuracy-only baseline (--baseline), after either recipe:
   baseline-rl-hard  --model), reward `accuracy`, no cold start, the same steps and sampling
                     budget as the recipe's RL stages: does parallel thinking beat plain RL?
 Each stage reads the previous training stage's `final/` folder as its model (or the one its
-`start` names). Not here: how a stage runs (runner.py).
+`start` names). `TrainConfig` (train.py's flags) sizes the recipes. Not here: how a stage runs
+(runner.py), one GRPO step (grpo.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import NanoparError
+from .sampler import SamplerSettings
 
 RECIPES = ("parallel-r1", "npr")
 
@@ -51,7 +53,85 @@ class Stage:
     #                           "" = the configured --model
 
 
-def recipe(config) -> list[Stage]:
+@dataclass
+class TrainConfig(SamplerSettings):
+    """Everything `python train.py` can be told: every field is a flag, its comment the --help.
+
+    The sampler's budgets and draw knobs come from `SamplerSettings` (declared once, defaults
+    changed below for the toy world); the fields that decide the policy (mode, temperature) make
+    the run's `Policy`."""
+
+    # the run
+    out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
+    recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
+    stages: str = "all"  # comma list of stage names to run, or "all"
+    seed: int = 0  # seeds LoRA init, problem order and every sampling step
+    plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
+    preset: str = ""  # "long": the ~25-minute toy run (train.py's PRESETS); flags given explicitly still win
+    # the model
+    model: str = "tiny:toy"  # hub id, local folder, nanopar checkpoint, or tiny:toy / tiny:qwen2 / tiny:qwen3
+    load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
+    lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
+    lora_rank: int = 16  # LoRA r
+    lora_alpha: int = 32  # LoRA alpha (scale alpha / r)
+    lora_dropout: float = 0.0  # keep 0 for RL: dropout breaks the on-policy ratio of 1
+    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
+    device: str = "auto"  # cpu / cuda / auto
+    mode: str = "structured"  # "structured" (Unseen: paths isolated) or "causal" (Seen)
+    gradient_checkpointing: bool = False  # recompute activations in backward: much less memory on a GPU, ~30% slower
+    # the data
+    pretrain_data: str = "toy:sequential"  # sequential traces to pretrain on first ("" = no pretraining)
+    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
+    hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
+    sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
+    question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
+    answer_field: str = ""  # field of the gold answer ("" = answer)
+    limit: int = 0  # use only the first N problems of each data set (0 = all)
+    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
+    chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    # stage lengths, learning rates and rewards
+    pretrain_steps: int = 600  # pretraining SFT steps (only with --pretrain-data)
+    pretrain_lr: float = 2e-3  # pretraining learning rate (from scratch)
+    sft_steps: int = 150  # cold-start SFT steps
+    sft_lr: float = 1e-3  # cold-start SFT learning rate
+    sft_batch: int = 32  # traces per SFT step (pretraining too)
+    sft_schedule: str = "cosine"  # learning rate of SFT stages after warm-up: "cosine" (to 10%) or "constant"
+    rl_easy_steps: int = 20  # GRPO steps on easy problems
+    rl_hard_steps: int = 15  # GRPO steps on hard problems
+    reward_file: str = ""  # a Python file of your own @register rewards, imported before the run
+    easy_reward: str = "parallel"  # reward or schedule of rl-easy
+    hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
+    baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
+    distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
+    # held-out evaluation after every training stage (the final table)
+    eval_data: str = "toy:easy:heldout,toy:hard:heldout"  # comma list of data sets (benchmark, .jsonl, toy:...)
+    eval_problems: int = 100  # first N problems of each (0 = no evaluation)
+    eval_samples: int = 2  # responses per problem, at --temperature
+    # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)
+    prompts_per_step: int = 8  # B: problems per GRPO step
+    group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)
+    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2)
+    max_new_tokens: int = 160  # sampled tokens per response, over all branches
+    max_path_tokens: int = 48  # sampled tokens per path
+    temperature: float = 1.0  # sampling temperature (the policy GRPO trains)
+    # optimisation
+    lr: float = 3e-5  # RL learning rate (AdamW); toy: 1e-4 moves a sequence 2-3 nats per step and degrades it
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear warm-up steps per stage
+    advantage: str = "zscore"  # "zscore" or "mean"
+    updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
+    clip: float = 0.2  # PPO clip range (updates > 1 only)
+    kl_beta: float = 0.0  # KL weight to the stage's starting policy
+    micro_batch: int = 16  # rows per forward/backward
+    max_grad_norm: float = 1.0  # gradient clipping
+    # bookkeeping
+    checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)
+    keep_checkpoints: int = 2  # most recent checkpoints kept per stage (0 = all)
+    sample_every: int = 0  # print a sample trace every N RL steps (0 = never)
+
+
+
+def recipe(config: TrainConfig) -> list[Stage]:
     """The stages of `config.recipe`, sized by the config."""
     c = config
     base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr)

@@ -1,6 +1,6 @@
 """Evaluation: sample a benchmark, grade every response, and the papers' metrics over the records.
 
-    records = evaluate(model, tokenizer, load_problems("aime24"), SamplerSettings(...), samples=16)
+    records = evaluate(model, tokenizer, load_problems("aime24"), Policy.of(tokenizer), SamplerSettings(...), 16)
     summarize(records)["accuracy"]                      # Mean@16 (Parallel-R1), avg@8 (NPR) ...
     summarize(records, k=4)["pass_at_k"]                # unbiased pass@4 from 16 samples a problem
 
@@ -39,11 +39,11 @@ from collections.abc import Callable
 
 from . import NanoparError
 from .data import Problem
+from .policy import Policy
 from .prompts import build_prompt, stop_ids
 from .rewards import RewardResult, parse_reward_spec, score
 from .sampler import SamplerSettings, sample
 from .show import response_text, rollout_record
-from .tags import TagIds
 from .trace import parse_trace, trace_stats
 
 
@@ -51,7 +51,8 @@ def evaluate(
     model,
     tokenizer,
     problems: list[Problem],
-    settings: SamplerSettings,
+    policy: Policy,  # tags, mode, temperature, vocabulary (Policy.of(tokenizer, ...))
+    settings: SamplerSettings,  # budgets and draw knobs
     samples: int = 1,  # k: responses per problem
     instructions: str = "",  # put before each question (prompts.INSTRUCTIONS)
     chat: bool = True,  # wrap prompts in the tokenizer's chat template when it has one
@@ -66,12 +67,12 @@ def evaluate(
     if samples < 1 or batch_size < 1:
         raise NanoparError(f"samples and batch size must be >= 1, got {samples} and {batch_size}")
     settings.check()
-    tag_ids, eos = TagIds.from_tokenizer(tokenizer), stop_ids(model, tokenizer)
+    eos = stop_ids(model, tokenizer)
     records = []
     for batch, start in enumerate(range(0, len(problems), batch_size)):
         chunk = problems[start : start + batch_size]
         prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in chunk]
-        rollouts = sample(model, prompts, _seeded(settings, batch), tag_ids, eos, len(tokenizer), samples)
+        rollouts = sample(model, prompts, policy, _seeded(settings, batch), eos, samples)
         for i, rollout in enumerate(rollouts):  # prompt-major: sample i % samples of problem i // samples
             records.append(sample_record(rollout, chunk[i // samples], i % samples, tokenizer, eos) | {"batch": batch})
         if progress is not None:
@@ -180,15 +181,16 @@ def decode_rate(records: list[dict], batches: int | None = None) -> dict:
     return _rate(sum(r["new_tokens"] for r in chosen), sum(walls.values()))
 
 
-def sequential_rate(model, tokenizer, problems: list[Problem], settings: SamplerSettings, samples: int = 1,
-                    instructions: str = "", chat: bool = True, batch_size: int = 32) -> dict:
+def sequential_rate(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings,
+                    samples: int = 1, instructions: str = "", chat: bool = True, batch_size: int = 32) -> dict:
     """Decode the same prompts, in the same batches, seeds and budget, as `evaluate` would, but
-    sequentially: the sampler gets no tag ids, so `<Parallel>` forks nothing and every tag is a
+    sequentially: the policy gets no tag ids, so `<Parallel>` forks nothing and every tag is a
     token like any other. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
     eos, tokens, seconds = stop_ids(model, tokenizer), 0, 0.0
+    plain = dataclasses.replace(policy, tag_ids=None)
     for batch, start in enumerate(range(0, len(problems), batch_size)):
         prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in problems[start : start + batch_size]]
-        rollouts = sample(model, prompts, _seeded(settings, batch), None, eos, len(tokenizer), samples)
+        rollouts = sample(model, prompts, plain, _seeded(settings, batch), eos, samples)
         tokens += sum(r.stats.new_tokens for r in rollouts)
         seconds += rollouts[0].stats.wall_time
     return _rate(tokens, seconds)

@@ -3,8 +3,8 @@
 GRPO and SFT both call `trace_logprobs`: sequences (prompt + response) are right-padded into a
 batch, `layout.build_layout` gives the structured or causal mask and positions (prompt read as
 plain text, exactly as the sampler prefilled it), and the policy's log-prob of every next token
-comes from `policy.policy_logprobs` (temperature, real vocabulary) — the same numbers the
-sampler recorded. Also the entropy of the policy at each position (the real one,
+comes from `Policy.logprobs` (temperature, real vocabulary) — the same numbers the sampler
+recorded, because the sampler was handed the same `Policy`. Also the entropy of the policy at each position (the real one,
 -sum p log p over the vocabulary, not the mean -log p of the chosen tokens).
 
     sequence   p0 p1 p2 | r0 r1 r2          (| = end of prompt)
@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .layout import build_layout, mask_dtype
-from .policy import policy_logprobs
-from .tags import TagIds
+from .policy import Policy
 
 
 @dataclass
@@ -64,14 +63,13 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
                       logged.to(device) if recorded is not None else None)
 
 
-def trace_logprobs(model, batch: TokenBatch, tag_ids: TagIds, mode: str, temperature: float = 1.0,
-                   vocab_size: int | None = None, with_entropy: bool = False):
+def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False):
     """Log-probs of each next token under the policy. -> ([B, T-1], entropy [B, T-1] or None)"""
-    layout = build_layout(batch.input_ids, tag_ids, mode, batch.attention_mask, batch.prompt_lengths,
+    layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
                           dtype=mask_dtype(model))
     logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
                    position_ids=layout.position_ids).logits[:, :-1]  # [B, T-1, V]
-    logprobs = policy_logprobs(logits, temperature, vocab_size)  # [B, T-1, V']
+    logprobs = policy.logprobs(logits)  # [B, T-1, V']
     chosen = logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
     entropy = None
     if with_entropy:  # only where a loss is taken: a full [B, T, V] pass costs as much as the loss

@@ -1,4 +1,6 @@
-"""GRPO, written out: group advantages, the policy-gradient loss, one optimiser step.
+"""GRPO, written out: one step from sampling to the optimiser, top to bottom (`grpo_step`).
+
+    sample G responses per prompt -> reward each -> group advantages -> drop invalid -> update
 
 "GRPO" as nanopar runs it, nothing hidden:
   - G responses per prompt (the sampler); one reward per response (rewards.py);
@@ -13,25 +15,36 @@
   - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
     exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
     (after SFT: the SFT adapter, not the base model; see `Reference`);
+  - PAPO's rule (NPR) as a switch: format-invalid rollouts dropped before the update;
   - gradient accumulation over micro-batches, gradient-norm clipping, a non-finite step skipped.
-Not here: sampling, rewards, the optimiser's construction, logging (train.py).
+Not here: how the sampler or a reward works (sampler.py, rewards.py), the optimiser's
+construction (optim.py), which problems a step takes, logging and checkpoints (runner.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
 
 from . import NanoparError
+from .data import Problem
 from .forward import TokenBatch, make_batch, trace_logprobs
+from .metrics import rollout_metrics
 from .optim import apply_gradients
-from .tags import TagIds
+from .policy import Policy
+from .prompts import stop_ids
+from .rewards import score
+from .show import response_text  # TODO(merge): rewards.response_text
+from .sampler import Rollout, SamplerSettings, sample
 
 
 @dataclass
 class GRPOSettings:
+    group_size: int = 8  # G: responses sampled per prompt; advantages are relative within a group
+    drop_invalid: bool = False  # drop format-invalid rollouts before the update (PAPO, NPR's stage 3)
     advantage: str = "zscore"  # "zscore" (r - mean) / (std + eps) or "mean" (r - mean)
     updates: int = 1  # optimiser steps per rollout batch; 1 = on-policy, ratio = 1
     clip: float = 0.2  # PPO clip range of the ratio (matters only when updates > 1)
@@ -108,30 +121,55 @@ class Reference:
                     p.copy_(value)
 
 
-def grpo_update(model, optimizer, rollouts, advantages: torch.Tensor, settings: GRPOSettings, tag_ids: TagIds,
-                mode: str, temperature: float, vocab_size: int | None, pad_id: int,
-                reference: Reference | None = None, scheduler=None) -> dict:
+def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: list[list[int]], policy: Policy,
+              sampling: SamplerSettings, settings: GRPOSettings, reward: dict[str, float],
+              reference: Reference | None = None, scheduler=None) -> tuple[list[Rollout], dict]:
+    """One GRPO step on a batch of problems (with their prompt ids). -> (the rollouts, metrics)"""
+    G = settings.group_size
+    eos = stop_ids(model, tokenizer)
+    started = time.perf_counter()
+    rollouts = sample(model, prompts, policy, sampling, eos, G)  # [B * G], prompt-major
+    sampled = time.perf_counter()
+    owners = [problem for problem in problems for _ in range(G)]  # [B * G]
+    results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
+    rewards = torch.tensor([result.total for result in results])  # [B * G]
+    advantages = group_advantages(rewards, G, settings.advantage)  # [B * G]
+    keep = [i for i, result in enumerate(results) if result.format_ok or not settings.drop_invalid]
+    update = {}
+    if keep:
+        update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
+                             tokenizer.pad_token_id or 0, reference, scheduler)
+    trained = time.perf_counter()
+    tokens = sum(r.stats.new_tokens for r in rollouts)
+    return rollouts, rollout_metrics(rollouts, results, G) | update | {
+        "reward_spec": reward, "dropped_invalid": len(rollouts) - len(keep),
+        "sample_seconds": sampled - started, "train_seconds": trained - sampled,
+        "tokens_per_second": tokens / max(sampled - started, 1e-9),
+    }
+
+
+def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Tensor, policy: Policy,
+                settings: GRPOSettings, pad_id: int, reference: Reference | None = None, scheduler=None) -> dict:
     """`settings.updates` optimiser steps on one rollout batch. -> metrics of the last step"""
     device = next(model.parameters()).device
     batch = rollout_batch(rollouts, pad_id, device)
-    advantages = advantages.to(device)
+    advantages = advantages.to(device)  # [N]
     total = batch.target_mask.sum().clamp(min=1)  # sampled tokens in the whole batch
     slices = [slice(i, i + settings.micro_batch) for i in range(0, len(batch), settings.micro_batch)]
-    read = dict(tag_ids=tag_ids, mode=mode, temperature=temperature, vocab_size=vocab_size)
     model.train()
     with torch.no_grad():  # pi_old (and the reference), once, before any update
-        old = [trace_logprobs(model, batch.rows(s), **read)[0] for s in slices]
+        old = [trace_logprobs(model, batch.rows(s), policy)[0] for s in slices]  # [b, T-1] each
         ref = None
         if reference is not None and settings.kl_beta > 0:
             with reference.active():
-                ref = [trace_logprobs(model, batch.rows(s), **read)[0] for s in slices]
+                ref = [trace_logprobs(model, batch.rows(s), policy)[0] for s in slices]
     metrics = {}
     for _ in range(settings.updates):
         optimizer.zero_grad(set_to_none=True)
         loss_sum, entropy_sum = 0.0, 0.0
         for j, s in enumerate(slices):
             micro = batch.rows(s)
-            new, entropy = trace_logprobs(model, micro, **read, with_entropy=True)
+            new, entropy = trace_logprobs(model, micro, policy, with_entropy=True)  # [b, T-1] each
             loss = policy_loss(new, old[j], advantages[s], micro.target_mask, total, settings.clip,
                                None if ref is None else ref[j], settings.kl_beta)
             loss.backward()

@@ -9,11 +9,46 @@ Sampling may restrict the policy further (top-k, top-p, a structural ban such as
 `<Parallel>` once the block budget is spent). Those restrictions shape *which* token is drawn,
 not the recorded log-prob: GRPO compares the policy with itself, and the trainer cannot see them.
 Greedy decoding (temperature 0) records log-probs at temperature 1.
+
+`Policy` is the one value that says which distribution that is (tags, attention mode,
+temperature, vocabulary): the sampler and the trainer both take it, so on-policy training does
+not depend on two roads of arguments agreeing.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from . import NanoparError
+from .layout import MODES
+from .tags import TagIds
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything that decides the distribution sampled and trained, in one frozen value."""
+
+    tag_ids: TagIds | None  # the tags as token ids; None = plain decoding (tags are text, nothing forks)
+    mode: str = "structured"  # attention layout: "structured" (Unseen: paths isolated) or "causal" (Seen)
+    temperature: float = 1.0  # softmax(logits / T); 0 = greedy sampling, log-probs then read at T = 1
+    vocab_size: int | None = None  # len(tokenizer): ids >= it (Qwen's padded rows) are cut away; None = all
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise NanoparError(f"unknown attention mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.temperature < 0:
+            raise NanoparError(f"temperature must be >= 0, not {self.temperature}")
+
+    @classmethod
+    def of(cls, tokenizer, mode: str = "structured", temperature: float = 1.0) -> "Policy":
+        """The policy of a model with this tokenizer (its tags must be single tokens)."""
+        return cls(TagIds.from_tokenizer(tokenizer), mode, temperature, len(tokenizer))
+
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """log softmax(logits / T) over the real vocabulary. [..., V] -> [..., vocab_size]"""
+        return policy_logprobs(logits, self.temperature, self.vocab_size)
 
 
 def policy_logprobs(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:

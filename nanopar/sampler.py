@@ -30,8 +30,10 @@ Inserted tokens are marked as not sampled: GRPO never trains on them.
 
 Causal mode is slightly off-policy for path tokens: each path was decoded seeing only the prefix,
 but the causal re-read lets path 2 see path 1 (as in Parallel-R1's Seen variant).
-Not here: the prompt template (data), rewards, any gradient. K is fixed per call; the model does
-not choose how many paths to open.
+Which distribution is drawn from (tags, mode, temperature, vocabulary) is the `Policy` the trainer
+reads too; `SamplerSettings` holds budgets and draw knobs only.
+Not here: the prompt template (prompts.py), rewards, any gradient. K is fixed per call; the model
+does not choose how many paths to open.
 """
 
 from __future__ import annotations
@@ -42,33 +44,38 @@ from dataclasses import dataclass, field
 import torch
 
 from . import NanoparError
-from .kvcache import LaneCache, cache_from_pieces, join
-from .layout import MODES, build_layout, mask_dtype
-from .policy import draw
+from .kvcache import LaneCache, Piece, cache_from_pieces, join
+from .layout import build_layout, mask_dtype
+from .policy import Policy, draw
 from .tags import TagIds
 from .trace import Trace, parse_ids, read_tag, trace_stats
 
 
+MAX_PATHS = 8  # the most paths a block may be asked to open (each one is a lane of the batch)
+
+
 @dataclass
 class SamplerSettings:
-    mode: str = "structured"  # "structured" (Unseen: paths never see each other) or "causal" (Seen)
     paths: int = 2  # K: paths opened by every <Parallel> (Parallel-R1 uses 2)
-    max_paths: int = 8  # upper bound accepted for `paths`
     max_new_tokens: int = 512  # sampled tokens per response, counted over all its branches
     max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn
     max_path_tokens: int = 256  # sampled tokens per path; then </Path> is inserted
-    temperature: float = 1.0  # 0 = greedy (log-probs then recorded at temperature 1)
     top_p: float = 1.0  # nucleus sampling; 1.0 = off
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int | None = None  # seeds this call's draws; None = torch's global generator
 
     def check(self) -> None:
-        if self.mode not in MODES:
-            raise NanoparError(f"unknown sampler mode {self.mode!r}: use one of {', '.join(MODES)}")
-        if not 2 <= self.paths <= self.max_paths:
-            raise NanoparError(f"paths per block must be between 2 and {self.max_paths}, got {self.paths}")
+        if not 2 <= self.paths <= MAX_PATHS:
+            raise NanoparError(f"paths per block must be between 2 and {MAX_PATHS}, got {self.paths}")
         if min(self.max_new_tokens, self.max_path_tokens) < 1 or self.max_blocks < 0:
             raise NanoparError("token budgets must be >= 1 and max_blocks >= 0")
+        if not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise NanoparError(f"top_p must be in (0, 1] and top_k >= 0, got {self.top_p} and {self.top_k}")
+
+    @classmethod
+    def taken_from(cls, config, **changes) -> "SamplerSettings":
+        """The sampler's fields of a script's config that extends this class (train.py, eval.py, ...)."""
+        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__} | changes)
 
 
 @dataclass
@@ -145,7 +152,7 @@ class _Lane:
     pending: int  # the token the next forward feeds
     out: _Tokens  # where its tokens go: the response's tokens, or its path's
     forced: list[int] = field(default_factory=list)  # tokens to insert before sampling resumes
-    then: str | None = None  # after `pending` is fed: "fork" or "end_path"
+    action: str | None = None  # what happens once `pending` is fed: "fork" or "end_path"
     path: int = -1  # its index in the block (branches only)
     path_sampled: int = 0  # sampled tokens in this path
 
@@ -154,10 +161,9 @@ class _Lane:
 def sample(
     model,
     prompts: list[list[int]],
-    settings: SamplerSettings,
-    tag_ids: TagIds | None,  # None: plain decoding, tags have no meaning
+    policy: Policy,  # tags (None: plain decoding), mode, temperature, vocabulary: what the trainer reads
+    settings: SamplerSettings,  # budgets and draw knobs
     eos_ids: list[int],
-    vocab_size: int | None = None,  # len(tokenizer): ids >= it are never drawn
     samples_per_prompt: int = 1,  # G: responses per prompt (prompt-major order)
 ) -> list[Rollout]:
     """Sample responses to `prompts` (lists of token ids) with parallel branches."""
@@ -170,52 +176,52 @@ def sample(
     generator = None
     if settings.seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(settings.seed)
-    dtype = mask_dtype(model)
-    eos = set(eos_ids)
-    sampler = _Run(model, settings, tag_ids, eos, vocab_size, generator, dtype)
+    decoder = _Decoder(model, policy, settings, set(eos_ids), generator)
     try:
-        rollouts = sampler.run(prompts, samples_per_prompt)
+        rollouts = decoder.run(prompts, samples_per_prompt)
     finally:
         model.train(was_training)
     wall = time.perf_counter() - started
     for r in rollouts:
-        r.stats.wall_time, r.stats.peak_cache_bytes = wall, sampler.peak_cache_bytes
+        r.stats.wall_time, r.stats.peak_cache_bytes = wall, decoder.peak_cache_bytes
     return rollouts
 
 
-class _Run:
+class _Decoder:
     """One call of `sample`: the lanes, their cache, and the decode loop."""
 
-    def __init__(self, model, settings, tag_ids, eos, vocab_size, generator, dtype):
-        self.model, self.s, self.tags, self.eos = model, settings, tag_ids, eos
-        self.vocab_size, self.generator, self.dtype = vocab_size, generator, dtype
-        self.tag_names = tag_ids.names() if tag_ids else {}  # token id -> tag field name
+    def __init__(self, model, policy: Policy, settings: SamplerSettings, eos: set[int], generator):
+        self.model, self.policy, self.settings, self.eos, self.generator = model, policy, settings, eos, generator
+        self.tags = policy.tag_ids
+        self.tag_names = self.tags.names() if self.tags else {}  # token id -> tag field name
+        self.dtype = mask_dtype(model)
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
+        settings, policy = self.settings, self.policy
         logits, lanes = self.prefill(prompts, samples_per_prompt)
         while lanes:
-            tokens, logprobs = draw(logits, self.s.temperature, self.vocab_size, self.s.top_k, self.s.top_p,
+            tokens, logprobs = draw(logits, policy.temperature, policy.vocab_size, settings.top_k, settings.top_p,
                                     self.banned(lanes, logits), self.generator)  # [N], [N]
             drawn, chosen = tokens.tolist(), logprobs.tolist()
-            survivors = []  # (a cache row to keep, or the cache piece of a merged lane; the lane)
+            kept: list[tuple[int, _Lane]] = []  # (the cache row it keeps, the lane), for lanes that go on
+            merged: list[tuple[Piece, _Lane]] = []  # (its new cache row, the lane), for blocks merged now
             for row, lane in enumerate(lanes):
                 response = self.responses[lane.response]
                 if response.finish:  # ended earlier in this step (budget spent by a sibling)
                     continue
-                if lane.then == "fork":
-                    survivors += [(row, branch) for branch in self.fork(lane, response)]
-                elif lane.then == "end_path":
-                    merged = self.end_path(lane, row, response)
-                    if merged is not None:
-                        survivors.append(merged)
+                if lane.action == "fork":
+                    kept += [(row, branch) for branch in self.fork(lane, response)]
+                elif lane.action == "end_path":
+                    merge = self.end_path(lane, row, response)
+                    if merge is not None:
+                        merged.append(merge)
                 elif self.advance(lane, response, drawn[row], chosen[row]):
-                    survivors.append((row, lane))
-            survivors = [(source, lane) for source, lane in survivors if not self.responses[lane.response].finish]
-            kept = [(source, lane) for source, lane in survivors if isinstance(source, int)]
-            merged = [(source, lane) for source, lane in survivors if not isinstance(source, int)]
+                    kept.append((row, lane))
+            kept = [(row, lane) for row, lane in kept if not self.responses[lane.response].finish]
+            merged = [(piece, lane) for piece, lane in merged if not self.responses[lane.response].finish]
             if len(kept) != len(lanes) or merged or any(source != row for row, (source, _) in enumerate(kept)):
-                self.cache.rebuild([source for source, _ in kept], [piece for piece, _ in merged])
+                self.cache.rebuild([row for row, _ in kept], [piece for piece, _ in merged])
             lanes = [lane for _, lane in kept + merged]
             if lanes:
                 logits = self.forward(lanes)
@@ -269,7 +275,7 @@ class _Run:
             token, sampled = lane.forced.pop(0), False
             response.cut += self.tags is not None and token == self.tags.path_close
         else:
-            if response.sampled >= self.s.max_new_tokens:  # budget spent: the response ends here
+            if response.sampled >= self.settings.max_new_tokens:  # budget spent: the response ends here
                 response.finish = "length"
                 return False
             token, sampled = drawn, True
@@ -289,17 +295,17 @@ class _Run:
             if not structural:
                 response.stray += 1
             elif name == "parallel_open":
-                lane.then = "fork"
+                lane.action = "fork"
             elif name == "path_close":
-                lane.then = "end_path"
-        if lane.state == "path" and lane.then is None and not lane.forced:
-            if lane.path_sampled >= self.s.max_path_tokens:
+                lane.action = "end_path"
+        if lane.state == "path" and lane.action is None and not lane.forced:
+            if lane.path_sampled >= self.settings.max_path_tokens:
                 lane.forced.append(self.tags.path_close)
         return True
 
     def fork(self, parent: _Lane, response: _Response) -> list[_Lane]:
         """The parent has just been fed <Parallel>: K branches, each forced to open a <Path>."""
-        K = self.s.paths
+        K = self.settings.paths
         response.forks += 1
         response.block = _Block(start=parent.position, paths=[_Tokens() for _ in range(K)],
                                 pieces=[None] * K, ends=[0] * K)
@@ -332,7 +338,7 @@ class _Run:
         response.path_lengths.append([len(p.ids) for p in paths])
         for path in paths:
             response.tokens.extend(path)
-        if self.s.mode == "structured":
+        if self.policy.mode == "structured":
             piece = join(block.pieces)
             position = max(block.ends)  # start + longest path
         else:
@@ -359,7 +365,7 @@ class _Run:
         if self.tags is None:
             return None
         rows = [i for i, lane in enumerate(lanes)
-                if lane.state == "main" and self.responses[lane.response].forks >= self.s.max_blocks]
+                if lane.state == "main" and self.responses[lane.response].forks >= self.settings.max_blocks]
         if not rows:
             return None
         banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)

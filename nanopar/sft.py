@@ -4,23 +4,26 @@ The loss is the mean cross-entropy over response tokens — every token of the t
 included, since the model must learn to write them — counted over the whole batch, with the
 prompt as context only. In structured mode the batch is read with the layout's mask and
 positions, so a path learns to be written without seeing its siblings, exactly as the sampler
-will decode it; in causal mode it is a plain causal read. Log-probs come from
-`forward.trace_logprobs` at temperature 1 over the real vocabulary, as the policy is defined.
-Not here: where traces come from (runner.py, toy.py), the loop over steps (runner.py).
+will decode it; in causal mode it is a plain causal read. The tags, mode and vocabulary come from
+the same `Policy` the sampler takes; the temperature is always 1 (SFT fits the model's own
+distribution, whatever temperature RL samples at).
+Not here: where traces come from (data.load_traces, toy.py), the loop over steps (runner.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from .forward import make_batch, trace_logprobs
 from .optim import apply_gradients
-from .tags import TagIds
+from .policy import Policy
 
 
-def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[int]], tag_ids: TagIds, mode: str,
-             pad_id: int, vocab_size: int | None = None, micro_batch: int = 8, max_grad_norm: float = 1.0,
-             scheduler=None) -> dict:
+def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[int]], policy: Policy, pad_id: int,
+             micro_batch: int = 8, max_grad_norm: float = 1.0, scheduler=None) -> dict:
     """One optimiser step on a batch of (prompt ids, response ids). -> metrics"""
     device = next(model.parameters()).device
+    policy = dataclasses.replace(policy, temperature=1.0)
     # shortest rows first: each micro-batch is trimmed to its own longest row (less padding); the
     # loss is a sum over rows, so the order changes nothing else
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
@@ -31,8 +34,8 @@ def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[in
     loss_sum = 0.0
     for start in range(0, len(batch), micro_batch):
         micro = batch.rows(slice(start, start + micro_batch))
-        logprobs, _ = trace_logprobs(model, micro, tag_ids, mode, 1.0, vocab_size)  # [b, T-1]
-        loss = -(logprobs * micro.target_mask).sum() / total
+        logprobs, _ = trace_logprobs(model, micro, policy)  # [b, T-1]
+        loss = -(logprobs * micro.target_mask).sum() / total  # []
         loss.backward()
         loss_sum += loss.item()
     norm, skipped = apply_gradients(model, optimizer, max_grad_norm, scheduler)

@@ -24,6 +24,7 @@ from nanopar.evaluation import (
 from nanopar.format import check_format
 from nanopar.grading import gold_answer
 from nanopar.model import ModelSettings, load_model
+from nanopar.policy import Policy
 from nanopar.prompts import build_prompt
 from nanopar.sampler import Rollout, RolloutStats, SamplerSettings
 from nanopar.tags import TagIds
@@ -108,6 +109,9 @@ def test_summarize_refuses_a_k_some_problem_lacks():
 NO_TAGS = TagIds(-1, -2, -3, -4, -5, -6)  # sequential decoding: no id is a tag
 
 
+POLICY = Policy.of(toy_tokenizer())  # the toy tokenizer's tags and vocabulary
+
+
 class Scripted:
     """A stand-in for `sampler.sample` returning scripted responses, as the sampler would build them.
 
@@ -117,7 +121,8 @@ class Scripted:
     def __init__(self, tokenizer, script: dict[tuple, list[tuple[str, str]]], wall_time: float = 0.25):
         self.tokenizer, self.script, self.wall_time, self.calls = tokenizer, script, wall_time, []
 
-    def __call__(self, model, prompts, settings, tag_ids, eos_ids, vocab_size=None, samples_per_prompt=1):
+    def __call__(self, model, prompts, policy, settings, eos_ids, samples_per_prompt=1):
+        tag_ids = policy.tag_ids
         self.calls.append({"prompts": prompts, "seed": settings.seed, "tag_ids": tag_ids,
                            "samples": samples_per_prompt})
         rollouts = []
@@ -186,7 +191,7 @@ def test_shipped_answer_formats_grade_through_evaluate_and_rescore(monkeypatch):
     samples = {p.id: sum(row[0] is p for row in table) for p in problems}
     records = []
     for problem in problems:  # problems have different numbers of rows: one call each
-        records += evaluate(None, tokenizer, [problem], SamplerSettings(), samples=samples[problem.id])
+        records += evaluate(None, tokenizer, [problem], POLICY, SamplerSettings(), samples=samples[problem.id])
     by_row = {(r["id"], r["response"]): r for r in records}
     for pid, text, correct in SHIPPED_GRADING:
         record = by_row[(pid, text)]
@@ -238,7 +243,7 @@ def test_scripted_evaluation_records_and_summary(monkeypatch):
     fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT])
     done = []
     problems = [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]]
-    records = evaluate(None, tokenizer, problems, SamplerSettings(seed=5), samples=3, batch_size=2,
+    records = evaluate(None, tokenizer, problems, POLICY, SamplerSettings(seed=5), samples=3, batch_size=2,
                        progress=done.append)
     assert done == [2, 3] and [c["seed"] for c in fake.calls] == [5, 6]  # one seed per sampler call
     assert [len(c["prompts"]) for c in fake.calls] == [2, 1] and all(c["samples"] == 3 for c in fake.calls)
@@ -276,14 +281,14 @@ def test_speed_helpers(monkeypatch):
     tokenizer = toy_tokenizer()
     fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT], wall_time=0.5)
     problems = [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]]
-    records = evaluate(None, tokenizer, problems, SamplerSettings(seed=5), samples=3, batch_size=2)
+    records = evaluate(None, tokenizer, problems, POLICY, SamplerSettings(seed=5), samples=3, batch_size=2)
     rate = decode_rate(records)  # two calls of 0.5 s each
     assert rate["seconds"] == 1.0 and rate["tokens"] == sum(r["new_tokens"] for r in records)
     assert rate["tokens_per_second"] == rate["tokens"] / 1.0
     assert decode_rate(records, batches=1)["tokens"] == sum(r["new_tokens"] for r in records[:6])
     evaluated = fake.calls[:]
     fake.calls.clear()
-    sequential = sequential_rate(None, tokenizer, problems, SamplerSettings(seed=5), samples=3, batch_size=2)
+    sequential = sequential_rate(None, tokenizer, problems, POLICY, SamplerSettings(seed=5), samples=3, batch_size=2)
     assert sequential["seconds"] == 1.0
     assert [c["tag_ids"] for c in fake.calls] == [None, None]  # no tags: nothing forks
     assert [(c["prompts"], c["seed"]) for c in fake.calls] == [(c["prompts"], c["seed"]) for c in evaluated]
@@ -292,8 +297,8 @@ def test_speed_helpers(monkeypatch):
 def test_real_tiny_model_records_agree_with_the_sampler():
     model, tokenizer = load_model(ModelSettings("tiny:qwen3"))
     problems = load_problems("aime24", limit=2)
-    settings = SamplerSettings(max_new_tokens=40, max_path_tokens=12, temperature=1.0, seed=3)
-    records = evaluate(model, tokenizer, problems, settings, samples=3, batch_size=1)
+    settings = SamplerSettings(max_new_tokens=40, max_path_tokens=12, seed=3)
+    records = evaluate(model, tokenizer, problems, Policy.of(tokenizer), settings, samples=3, batch_size=1)
     assert len(records) == 6 and {r["batch"] for r in records} == {0, 1}
     assert sum(r["blocks"] for r in records) > 0  # a random model draws <Parallel> now and then: forks happen
     for r in records:
@@ -313,7 +318,8 @@ def test_real_tiny_model_records_agree_with_the_sampler():
 def test_rescore_and_report_by_hand(monkeypatch):
     tokenizer = toy_tokenizer()
     scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT])
-    records = evaluate(None, tokenizer, [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]], SamplerSettings(), samples=3)
+    records = evaluate(None, tokenizer, [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]], POLICY, SamplerSettings(),
+                       samples=3)
     results = rescore(records, "accuracy:1,format:0.5")
     correct = [c for *_, c in SCRIPT]
     fmt = [1.0 if check_format(t).ok else -1.0 for _, t, _, _ in SCRIPT]

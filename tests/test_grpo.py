@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update, policy_loss
 from nanopar.optim import make_optimizer
+from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.sft import sft_step
 from nanopar.tags import TagIds
@@ -60,8 +61,8 @@ def structured_rollouts(model, seed=0, keep_bias=False):
     bias = torch.zeros(V)
     bias[list(TAGS.all())] = 2.5
     handle = model.lm_head.register_forward_hook(lambda m, a, out: out + bias)
-    settings = SamplerSettings(temperature=1.0, max_new_tokens=30, max_path_tokens=6, seed=seed)
-    rollouts = sample(model, [[1, 2, 3], [4, 5, 6, 7]], settings, TAGS, eos_ids=[7], samples_per_prompt=4)
+    settings = SamplerSettings(max_new_tokens=30, max_path_tokens=6, seed=seed)
+    rollouts = sample(model, [[1, 2, 3], [4, 5, 6, 7]], Policy(TAGS), settings, eos_ids=[7], samples_per_prompt=4)
     if not keep_bias:
         handle.remove()
     return rollouts
@@ -75,7 +76,7 @@ def test_inserted_tokens_and_prompts_get_no_gradient():
                        [[float(s) for s in r.sampled] for r in rollouts], PAD)
     captured = {}
     model.lm_head.register_forward_hook(lambda m, a, out: captured.setdefault("logits", out).retain_grad())
-    new, _ = trace_logprobs(model, batch, TAGS, "structured")
+    new, _ = trace_logprobs(model, batch, Policy(TAGS, "structured"))
     policy_loss(new, new.detach(), torch.ones(len(rollouts)), batch.target_mask, 1.0, 0.2).backward()
     grad = captured["logits"].grad[:, :-1].abs().sum(-1)  # [B, T-1] gradient reaching each position
     assert (grad[batch.target_mask == 0] == 0).all()
@@ -101,14 +102,15 @@ def test_one_grpo_step_raises_the_probability_of_the_rewarded_token(lora, tmp_pa
             return torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1, : len(tokenizer)], -1)[good].item()
 
     start = p_good()
-    settings = SamplerSettings(temperature=1.0, max_new_tokens=4, seed=0)
-    rollouts = sample(model, [prompt], settings, tags, [tokenizer.eos_token_id], len(tokenizer), samples_per_prompt=16)
+    policy = Policy(tags, "structured", 1.0, len(tokenizer))
+    settings = SamplerSettings(max_new_tokens=4, seed=0)
+    rollouts = sample(model, [prompt], policy, settings, [tokenizer.eos_token_id], samples_per_prompt=16)
     # reward: the first token is "x"; make sure both outcomes are in the group
     rollouts[0].ids[0], rollouts[0].logprobs[0] = good, 0.0
     rewards = torch.tensor([1.0 if r.ids[0] == good else -1.0 for r in rollouts])
     optimizer, _ = make_optimizer(model, lr=1e-2)
-    metrics = grpo_update(model, optimizer, rollouts, group_advantages(rewards, 16), GRPOSettings(),
-                          tags, "structured", 1.0, len(tokenizer), tokenizer.pad_token_id)
+    metrics = grpo_update(model, optimizer, rollouts, group_advantages(rewards, 16), policy, GRPOSettings(),
+                          tokenizer.pad_token_id)
     assert p_good() > start * 1.2 and metrics["grad_norm"] > 0
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     if lora:
@@ -122,8 +124,8 @@ def test_grpo_update_reads_the_rollouts_as_the_sampler_did():
     rollouts = structured_rollouts(model, seed=1, keep_bias=True)  # the policy that sampled them
     assert sum(r.stats.forks for r in rollouts) >= 2
     optimizer, _ = make_optimizer(model, lr=0.0)
-    metrics = grpo_update(model, optimizer, rollouts, torch.zeros(len(rollouts)), GRPOSettings(micro_batch=3),
-                          TAGS, "structured", 1.0, None, PAD)
+    metrics = grpo_update(model, optimizer, rollouts, torch.zeros(len(rollouts)), Policy(TAGS),
+                          GRPOSettings(micro_batch=3), PAD)
     assert metrics["logprob_gap"] < 1e-5 and metrics["entropy"] > 0
 
 
@@ -147,7 +149,7 @@ def test_sft_loss_is_the_mean_cross_entropy_of_response_tokens():
     prompts = [[1, 2, 3], [4, 5]]
     responses = [[9, 10, 11, 12], [13, 14]]
     optimizer, _ = make_optimizer(model, lr=0.0)
-    metrics = sft_step(model, optimizer, prompts, responses, TAGS, "causal", PAD, micro_batch=1)
+    metrics = sft_step(model, optimizer, prompts, responses, Policy(TAGS, "causal"), PAD, micro_batch=1)
     losses = []
     with torch.no_grad():
         for prompt, response in zip(prompts, responses):

@@ -53,7 +53,7 @@ def test_prompts_from_text_and_jsonl_files(tmp_path):
         (["--model", "tiny:qwen4", "--prompt", "x"], "unknown tiny model 'tiny:qwen4': use tiny:qwen2, tiny:qwen3 or tiny:toy"),
         (["--prompt", "x"], "--model is required"),
         (["--model", "tiny:qwen3", "--prompt", "x", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
-        (["--model", "tiny:qwen3", "--prompt", "x", "--mode", "seen"], "unknown sampler mode 'seen'"),
+        (["--model", "tiny:qwen3", "--prompt", "x", "--mode", "seen"], "unknown attention mode 'seen'"),
     ],
 )
 def test_bad_input_is_a_clear_error(args, message):

@@ -5,6 +5,7 @@ import torch
 
 from nanopar.layout import build_layout
 from nanopar.policy import token_logprobs
+from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import PARALLEL_R1, TagIds
 from nanopar.tiny import tiny_qwen_model
@@ -40,7 +41,7 @@ def reread(model, rollout, mode):
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_greedy_without_tags_equals_generate(arch):
     model = tiny_qwen_model(arch=arch, vocab_size=V, seed=1)
-    rollouts = sample(model, PROMPTS, SamplerSettings(temperature=0, max_new_tokens=24), TAGS, eos_ids=[])
+    rollouts = sample(model, PROMPTS, Policy(TAGS, temperature=0), SamplerSettings(max_new_tokens=24), eos_ids=[])
     T = max(map(len, PROMPTS))
     ids = torch.tensor([[0] * (T - len(p)) + p for p in PROMPTS])
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in PROMPTS])
@@ -52,15 +53,15 @@ def test_greedy_without_tags_equals_generate(arch):
         assert rollout.ids == expected and all(rollout.sampled)
     # EOS ends a response: stop at the first EOS of the reference
     eos = reference[0, 5].item()
-    (stopped,) = sample(model, PROMPTS[:1], SamplerSettings(temperature=0, max_new_tokens=24), None, eos_ids=[eos])
+    (stopped,) = sample(model, PROMPTS[:1], Policy(None, temperature=0), SamplerSettings(max_new_tokens=24), eos_ids=[eos])
     assert stopped.ids == reference[0, : reference[0].tolist().index(eos) + 1].tolist() and stopped.finish == "eos"
 
 
 @pytest.fixture(scope="module")
 def structured_rollouts():
     model = make_model(tag_bias=2.5, eos_bias=1.0)
-    settings = SamplerSettings(temperature=1.0, max_new_tokens=60, max_path_tokens=12, paths=3, seed=0)
-    return model, sample(model, PROMPTS, settings, TAGS, eos_ids=[EOS], samples_per_prompt=4)
+    settings = SamplerSettings(max_new_tokens=60, max_path_tokens=12, paths=3, seed=0)
+    return model, sample(model, PROMPTS, Policy(TAGS), settings, eos_ids=[EOS], samples_per_prompt=4)
 
 
 def test_forked_paths_match_separate_unforked_runs(structured_rollouts):
@@ -95,8 +96,8 @@ def test_structured_training_forward_reproduces_every_sampled_logprob(structured
 
 def test_causal_mode_matches_after_merges_and_documents_the_path_mismatch():
     model = make_model(tag_bias=2.5, eos_bias=1.0)
-    settings = SamplerSettings(mode="causal", temperature=1.0, max_new_tokens=60, max_path_tokens=12, seed=1)
-    rollouts = sample(model, PROMPTS, settings, TAGS, eos_ids=[EOS], samples_per_prompt=4)
+    settings = SamplerSettings(max_new_tokens=60, max_path_tokens=12, seed=1)
+    rollouts = sample(model, PROMPTS, Policy(TAGS, "causal"), settings, eos_ids=[EOS], samples_per_prompt=4)
     after_merges, path_gaps = 0, []
     for rollout in rollouts:
         diff = (torch.tensor(rollout.logprobs) - reread(model, rollout, "causal")).abs()
@@ -124,9 +125,9 @@ def test_two_hundred_tag_heavy_rollouts_stay_within_budgets_and_read_back():
     rollouts = []
     for seed in range(4):
         settings = SamplerSettings(
-            temperature=1.0, max_new_tokens=48, max_path_tokens=10, max_blocks=2, paths=2 + seed % 3, seed=seed
+            max_new_tokens=48, max_path_tokens=10, max_blocks=2, paths=2 + seed % 3, seed=seed
         )
-        rollouts += [(settings, r) for r in sample(model, PROMPTS, settings, TAGS, eos_ids=[EOS], samples_per_prompt=17)]
+        rollouts += [(settings, r) for r in sample(model, PROMPTS, Policy(TAGS), settings, eos_ids=[EOS], samples_per_prompt=17)]
     assert len(rollouts) >= 200
     kinds = set()
     for settings, r in rollouts:
@@ -169,9 +170,9 @@ def rule_model(seed=0):
 
 def test_greedy_output_does_not_depend_on_the_batch():
     model = rule_model()
-    settings = SamplerSettings(temperature=0, max_new_tokens=40, max_path_tokens=6, paths=2)
-    alone = [sample(model, [p], settings, TAGS, eos_ids=[EOS])[0] for p in PROMPTS]
-    together = sample(model, PROMPTS + [[20, 21], list(range(30, 45))], settings, TAGS, eos_ids=[EOS])
+    settings, greedy = SamplerSettings(max_new_tokens=40, max_path_tokens=6, paths=2), Policy(TAGS, temperature=0)
+    alone = [sample(model, [p], greedy, settings, eos_ids=[EOS])[0] for p in PROMPTS]
+    together = sample(model, PROMPTS + [[20, 21], list(range(30, 45))], greedy, settings, eos_ids=[EOS])
     fork_offsets = [b.open for r in together for b in r.trace.blocks]
     assert len(set(fork_offsets)) >= 3 and sum(b.valid for r in together for b in r.trace.blocks) >= 1
     for a, b in zip(alone, together):
@@ -182,9 +183,9 @@ def test_greedy_output_does_not_depend_on_the_batch():
 def test_bad_settings_are_clear_errors():
     model = tiny_qwen_model(vocab_size=V)
     with pytest.raises(Exception, match="paths per block must be between 2 and 8, got 9"):
-        sample(model, PROMPTS, SamplerSettings(paths=9), TAGS, eos_ids=[])
-    with pytest.raises(Exception, match="unknown sampler mode 'seen'"):
-        sample(model, PROMPTS, SamplerSettings(mode="seen"), TAGS, eos_ids=[])
+        sample(model, PROMPTS, Policy(TAGS), SamplerSettings(paths=9), eos_ids=[])
+    with pytest.raises(Exception, match="unknown attention mode 'seen'"):
+        sample(model, PROMPTS, Policy(TAGS, "seen"), SamplerSettings(), eos_ids=[])
 
 
 @pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "4bit-lora"])
@@ -204,9 +205,10 @@ def test_lora_and_4bit_models_sample_consistently(four_bit, tmp_path):
     bias = torch.zeros(len(tokenizer) + 64)
     bias[list(tags.all())] = 3.0
     model.get_output_embeddings().register_forward_hook(lambda m, a, out: out + bias[: out.shape[-1]])
-    settings = SamplerSettings(temperature=1.0, max_new_tokens=40, max_path_tokens=8, seed=0)
+    settings = SamplerSettings(max_new_tokens=40, max_path_tokens=8, seed=0)
     prompts = [tokenizer.encode("12+30=", add_special_tokens=False), tokenizer.encode("7*6=", add_special_tokens=False)]
-    rollouts = sample(model, prompts, settings, tags, [tokenizer.eos_token_id], len(tokenizer), samples_per_prompt=4)
+    rollouts = sample(model, prompts, Policy(tags, vocab_size=len(tokenizer)), settings, [tokenizer.eos_token_id],
+                      samples_per_prompt=4)
     assert not model.training and sum(r.stats.forks for r in rollouts) >= 2
     for rollout in rollouts:
         ids = torch.tensor([rollout.prompt_ids + rollout.ids])

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import nanopar.grpo
 import nanopar.runner
 import train
 from nanopar import NanoparError
@@ -24,8 +25,8 @@ def final_weights(run):
 
 
 def crash_on_call(monkeypatch, n, error):
-    """Make the n-th call of the sampler inside the runner raise `error`."""
-    real, calls = nanopar.runner.sample, []
+    """Make the n-th call of the sampler inside a GRPO step raise `error`."""
+    real, calls = nanopar.grpo.sample, []
 
     def flaky(*args, **kwargs):
         calls.append(1)
@@ -33,7 +34,7 @@ def crash_on_call(monkeypatch, n, error):
             raise error
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nanopar.runner, "sample", flaky)
+    monkeypatch.setattr(nanopar.grpo, "sample", flaky)
 
 
 @pytest.mark.slow
@@ -103,7 +104,7 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
 
     problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
 
-    def fake_sample(model, prompts, settings, tags, eos, vocab, samples_per_prompt):
+    def fake_sample(model, prompts, policy, settings, eos, samples_per_prompt):
         tokenizer = nanopar.runner.load_model(ModelSettings("tiny:toy"))[1]
         rollouts = []
         for i, prompt in enumerate(prompts):
@@ -113,7 +114,7 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
             for text in texts:
                 ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
                 stats = RolloutStats(len(ids), len(ids), 1, [], len(ids), 0, 0, 0.0, 0)
-                rollouts.append(Rollout(prompt, ids, [True] * len(ids), [0.0] * len(ids), parse_ids(ids, tags),
+                rollouts.append(Rollout(prompt, ids, [True] * len(ids), [0.0] * len(ids), parse_ids(ids, policy.tag_ids),
                                         "eos", stats))
         return rollouts
 
