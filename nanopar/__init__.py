@@ -1,14 +1,15 @@
 """nanopar: teach small Qwen models to think in parallel with reinforcement learning.
 
-Reading order (each file is one concept):
+Reading order (the README's "Read the code in this order" says more):
+  runner.py   `Runner.train`: the loop in one screen (resume, step, log, checkpoint)
+  grpo.py     `grpo_step`: sample -> reward -> group advantages -> drop invalid -> update
   tags.py     the tag vocabulary (<Parallel> <Path> <Summary> and their closers)
   format.py   Algorithm 1 of Parallel-R1: the strict stack format check
-  trace.py    parse a trace (text or token ids) into main chain / blocks / paths / summaries,
-              and the trace statistics the papers report
-  layout.py   the structured ("Unseen") attention mask and multiverse position ids, or the
-              causal ("Seen") layout; shared by the sampler and the trainer
-  model.py    load a model by hub id or folder, 4-bit NF4, LoRA, tags as tokens
-  tiny.py     tiny Qwen2/Qwen3 models built from a config (tests, the toy world)
+  trace.py    the lenient reading of a trace into main chain / blocks / paths / summaries
+  layout.py   the structured ("Unseen") mask and multiverse positions, or causal ("Seen")
+  policy.py   `Policy`: the one distribution the sampler draws from and the trainer reads
+  sampler.py  the parallel-branch sampler: fork at <Parallel>, merge after the paths
+  forward.py, sft.py, rewards.py, grading.py, data.py, prompts.py, model.py, curriculum.py
 """
 
 __version__ = "0.1.0"

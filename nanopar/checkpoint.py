@@ -5,7 +5,7 @@ full model), its tokenizer, `trainer_state.pt` (optimiser, scheduler, step, RNG 
 run's config. It is written under a temporary name and renamed into place only when every file
 is there, so a crash or a Ctrl-C mid-write leaves no folder that looks like a checkpoint. The
 stage's result is the same kind of folder, named `final/`; the next stage loads it as a model.
-Not here: what a stage does with its state (train.py).
+Not here: what a stage does with its state (runner.py).
 """
 
 from __future__ import annotations

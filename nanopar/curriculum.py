@@ -1,31 +1,15 @@
-"""The stage recipes of both papers, as plain lists of stages that chain through checkpoints.
+"""The stage recipes of both papers as plain lists of stages, and the config that sizes them.
 
-Either recipe may start with
-  pretrain          SFT on sequential traces (--pretrain-data): the toy world trains its base
-                    model from scratch this way; a real Qwen is already pretrained (leave it "")
-Parallel-R1 (the default):
-  cold-start data   prompt the model with the parallel-thinking instructions on easy problems,
-                    keep traces that are format-valid, parallel and correct (skipped when
-                    --sft-data gives ready traces, e.g. Parallel-GSM8K or the toy teacher's)
-  sft               cold-start SFT on those traces (the structured layout in structured mode)
-  rl-easy           GRPO on easy problems, reward `parallel` (+1 only if correct AND parallel)
-  rl-hard           GRPO on hard problems, reward `accuracy`, or a schedule: alternating
-                    ("alternating:10:2": 2 of every 10 steps parallel+accuracy) or two-phase
-                    ("two-phase:200": the alternating scaffold, then accuracy only)
-NPR (--recipe npr):
-  format-rl         GRPO from the instruct model with the parallel prompt, reward `npr_format`
-  rejection         self-distillation data: up to --distill-tries samples per problem, keep one
-                    correct and valid trace
-  sft               parallel SFT on the model's own traces
-  parallel-rl       GRPO on hard problems, reward `accuracy`, format-invalid rollouts dropped
-                    before the update (PAPO)
-The accuracy-only baseline (--baseline), after either recipe:
-  baseline-rl-easy  GRPO from the same starting model as the recipe (the pretrained base, or
-  baseline-rl-hard  --model), reward `accuracy`, no cold start, the same steps and sampling
-                    budget as the recipe's RL stages: does parallel thinking beat plain RL?
-Each stage reads the previous training stage's `final/` folder as its model (or the one its
-`start` names). `TrainConfig` (train.py's flags) sizes the recipes. Not here: how a stage runs
-(runner.py), one GRPO step (grpo.py).
+    parallel-r1   [pretrain] -> cold-start-data -> sft -> rl-easy -> rl-hard
+    npr           [pretrain] -> format-rl -> rejection -> sft -> parallel-rl
+    --baseline    + baseline-rl-easy -> baseline-rl-hard (accuracy-only GRPO from the same base)
+
+A `Stage` is data: its kind (distill: write traces; sft; grpo), problems, steps, reward or
+schedule, traces, learning rate, and which stage's `final/` it starts from (by default the
+previous training stage's). What each stage does and why is the README's "The recipes" table.
+`TrainConfig` is every flag of train.py, one commented field each; it extends `SamplerSettings`
+so the sampler's knobs are declared once. Not here: how a stage runs (runner.py), one GRPO step
+(grpo.py), presets (train.py).
 """
 
 from __future__ import annotations

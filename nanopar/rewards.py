@@ -1,63 +1,19 @@
 """Rewards for parallel thinking: the built-in rewards, a registry, weighted specs, schedules.
 
-A reward function scores one rollout:
-
-    fn(text: str, trace: Trace, problem: Problem) -> float
-
-`text` is the decoded response with the tags kept, `trace` its reading (`trace.parse_ids` of the
-token ids, or `trace.parse_trace(text)`), `problem` the `data.Problem` it answers. Built-ins:
-
-  name                     value                                             from
-  accuracy                 +1 correct, -1 otherwise                          both papers
-  format                   +1 if Algorithm 1 accepts the text, else -1       Parallel-R1 Alg. 1
-  parallel                 +1 if correct AND parallel (below), else -1       Parallel-R1 stage 1
-  accuracy_parallel_bonus  accuracy + 0.2 when correct AND parallel:         Parallel-R1 (variant)
-                           1.2 / 1.0 (correct, no block) / -1 (wrong)
-  accuracy_times_parallel  accuracy x [parallel]: +1 correct and parallel,   Parallel-R1 (variant)
-                           -1 wrong and parallel, 0 without a valid block
-  npr_format               accuracy if the format is valid, else a graded    NPR stage 1
-                           penalty in [-2, -1] (see `npr_format`)
-
-"Parallel" means: at least one valid block (>= 2 closed paths, </Parallel>, a closed summary)
-AND the whole text passes Algorithm 1. For reference, the released Parallel-R1 code differs in
-two variants: its "accuracy_add_parallel" adds +0.5 for any well-formed block, correct or not,
-and its "accuracy_times_parallel" gives -1 (not 0) without a block, i.e. our `parallel`.
-
-A weighted sum of rewards is a spec, "accuracy:1,format:0.2"; `score(spec, ...)` returns the
-total, each component (unweighted) and the `Grade`. The answer is graded once per `score` call
-and shared by every reward that asks (`is_correct` / `graded`), and `grade.error` tells the
-caller when grading failed (no answer, a parse timeout...): count them, they are never hidden.
-
-Adding a reward takes a few lines; its name then works in any spec:
-
-    from nanopar.rewards import register, is_correct, score
-
-    @register("short_and_correct")
-    def short_and_correct(text, trace, problem):
-        \"\"\"+1 for a correct answer in under 2,000 characters, else 0.\"\"\"
-        return float(is_correct(text, problem) and len(text) < 2000)
-
-    score("accuracy:1,short_and_correct:0.5", text, trace, problem).total
-
-Put it in a file and `train.py --reward-file my_rewards.py --easy-reward short_and_correct`
-(or `eval.py`) imports it with `load_reward_file`, so the name works on the command line.
-
-Schedules choose the spec per training step: `Constant`, `Alternating` (Parallel-R1: in every
-window of 10 steps, 8 with accuracy, the last 2 with the parallel reward), `TwoPhase` (the
-alternating scaffold for the first N steps, accuracy only after); `schedule_from_string` reads
-them from a command-line flag.
-
-TRL: `as_trl_reward(name)` wraps a reward for `trl.GRPOTrainer(reward_funcs=[...])`, whose
-reward functions are called as `f(prompts=..., completions=..., completion_ids=...,
-trainer_state=..., **dataset_columns)` and return one float per completion; completions are
-strings (standard data sets) or lists of {"role", "content"} messages (conversational ones);
-every dataset column but `prompt` arrives as a list, one value per completion (the gold answer
-is read from the `answer` column). TRL decodes completions with `skip_special_tokens=True`,
-which deletes tags added as special tokens: give `tokenizer=` and the adapter re-decodes
-`completion_ids` with the tags kept.
-
-Left out: the NPR / PAPO filtering of format-invalid rollouts (the trainer drops rollouts with
-`RewardResult.format_ok == False`), length or diversity rewards, learned reward models.
+A reward scores one rollout: `fn(text, trace, problem) -> float`, where `text` is the decoded
+response with its tags (`response_text`), `trace` its reading (`trace.parse_ids`), `problem` the
+`data.Problem` it answers. Built-ins (the README's "Rewards" table gives values and sources):
+accuracy, format (Algorithm 1), parallel (correct AND a valid block AND Algorithm 1: Parallel-R1
+stage 1), accuracy_parallel_bonus, accuracy_times_parallel, npr_format (NPR stage 1).
+A spec is a weighted sum, "accuracy:1,format:0.2"; `score(spec, ...)` returns the total, each
+component and the `Grade`; the answer is graded once per call and a grading failure is counted
+(`grade.error`), never hidden. `@register("name")` adds a reward in a few lines, and
+`load_reward_file` makes a user's file of them available to train.py and eval.py. Schedules pick
+the spec per step: `Constant`, `Alternating` (Parallel-R1: 8 of every 10 steps accuracy, 2
+parallel), `TwoPhase` (the alternating scaffold, then accuracy only); `schedule_from_string`
+reads a flag. `as_trl_reward` wraps any reward for TRL's GRPOTrainer.
+Left out: PAPO's dropping of invalid rollouts (grpo.py does it), length or diversity rewards,
+learned reward models.
 """
 
 from __future__ import annotations

@@ -1,39 +1,19 @@
 """The parallel-branch sampler: batched lanes over one KV cache, forked at <Parallel>, merged after.
 
-A *lane* is one sequence being decoded; every lane decodes in the same forward. A response starts
-as one main lane. The reading of `trace.read_tag` decides what each tag means, so the sampler and
-the trainer's layout can never disagree:
-
-  <Parallel> sampled in the main chain    the lane is fed <Parallel>, then *forked*: its cache
-                                          row is duplicated K times (no prefix recompute) and
-                                          each branch is forced to start with <Path>
-  </Path> sampled in a path               the branch is fed </Path>, then waits for its siblings
-  every path of the block done            *merge* into one lane, fed the inserted </Parallel>
-                                          then <Summary>; sampling resumes in the summary
-    structured mode (Unseen)              cache row = prefix ‖ path₁ ‖ … ‖ path_K as decoded (their
-                                          rotary positions already follow the multiverse scheme),
-                                          </Parallel> at start + longest path: zero recompute
-    causal mode (Seen)                    the path tokens are re-prefilled after the prefix in one
-                                          forward, with ordinary positions
-
-Rules for the rest (each counted in the stats, none raises):
-  - a tag that means nothing where it is sampled (</Path> in the main chain, <Parallel> inside a
-    path or a summary, <Summary> out of place) is plain text: it stays, it is sampled, no action;
-  - EOS in the main chain or a summary ends the response; EOS in a path ends the path (the EOS
-    stays, a </Path> is inserted);
-  - a path that reaches `max_path_tokens` gets an inserted </Path>;
-  - `max_new_tokens` counts sampled tokens over all branches of a response (NPR); when it is
-    spent the response ends, and a block in flight is written out with an inserted </Path>
-    closing each unfinished path (the trace then ends inside the block: truncated);
-  - once a response has `max_blocks` blocks, <Parallel> cannot be drawn in its main chain.
-Inserted tokens are marked as not sampled: GRPO never trains on them.
-
-Causal mode is slightly off-policy for path tokens: each path was decoded seeing only the prefix,
-but the causal re-read lets path 2 see path 1 (as in Parallel-R1's Seen variant).
-Which distribution is drawn from (tags, mode, temperature, vocabulary) is the `Policy` the trainer
-reads too; `SamplerSettings` holds budgets and draw knobs only.
-Not here: the prompt template (prompts.py), rewards, any gradient. K is fixed per call; the model
-does not choose how many paths to open.
+A *lane* is one sequence being decoded; all lanes decode in one forward. `trace.read_tag` decides
+what a tag means, so the sampler and the trainer's layout cannot disagree. `<Parallel>` in the main
+chain *forks* the lane: its cache row is duplicated K times and each branch is forced to open a
+`<Path>`. A branch that writes `</Path>` waits for its siblings; then they *merge* into one lane
+fed the inserted `</Parallel><Summary>`. Structured mode (Unseen) keeps the cache row prefix ‖
+path₁ ‖ … ‖ path_K as decoded and continues at start + longest path (zero recompute); causal mode
+(Seen) re-prefills the paths after the prefix with ordinary positions, so it is slightly
+off-policy for paths 2..K (they were decoded blind to each other, the re-read lets them see).
+Rules, counted in the stats, never raised: a tag sampled where it means nothing is plain text;
+EOS ends the response (in a path: the path); `max_path_tokens` and a spent `max_new_tokens`
+(counted over all branches, NPR) close open paths with an inserted `</Path>`; after `max_blocks`
+blocks `<Parallel>` cannot be drawn. Inserted tokens are marked not sampled: never trained on.
+The distribution drawn from is the `Policy` the trainer reads; `SamplerSettings` holds budgets and
+draw knobs. Not here: prompts (prompts.py), rewards, gradients; K is fixed per call.
 """
 
 from __future__ import annotations
