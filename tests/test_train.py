@@ -216,3 +216,22 @@ def test_a_preset_sets_its_fields_but_explicit_flags_win():
     config = train.apply_preset(train.parse_config(train.TrainConfig, argv), argv)
     assert (config.out, config.pretrain_steps, config.sft_steps) == ("runs/long", 2000, 7)
     assert train.apply_preset(train.parse_config(train.TrainConfig, []), []).pretrain_steps == 600
+
+
+def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
+    """With --gradient-checkpointing the model the runner trains recomputes each decoder layer in
+    backward (its forward runs twice per training step), and the gradients do not change."""
+    grads, calls = {}, {}
+    for flags in ([], ["--gradient-checkpointing"]):
+        config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
+        model, tokenizer, policy = nanopar.runner.Runner(config, train.recipe(config)).load(config.model)
+        layer = model.model.layers[0]
+        count = []
+        layer.register_forward_hook(lambda *_: count.append(1))
+        model.train()
+        ids = torch.tensor([tokenizer.encode("numbers 3 7 5 target 26\n(3*7)+5")])
+        model(input_ids=ids, labels=ids).loss.backward()
+        calls[bool(flags)] = len(count)
+        grads[bool(flags)] = model.model.embed_tokens.weight.grad.clone()
+    assert calls == {False: 1, True: 2}
+    assert torch.allclose(grads[False], grads[True], atol=1e-6)
