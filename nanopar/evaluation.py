@@ -28,9 +28,9 @@ from . import NanoparError
 from .data import Problem
 from .metrics import response_structure, structure_metrics
 from .prompts import build_prompt, stop_ids
-from .rewards import RewardResult, parse_reward_spec, score
+from .rewards import RewardResult, parse_reward_spec, response_text, score
 from .sampler import SamplerSettings, sample
-from .show import response_text, rollout_record
+from .show import rollout_record
 from .tags import TagIds
 from .trace import parse_trace
 

@@ -4,7 +4,7 @@ A reward function scores one rollout:
 
     fn(text: str, trace: Trace, problem: Problem) -> float
 
-`text` is the decoded response with the tags kept, `trace` its reading (`trace.parse_ids` of the
+`text` is the decoded response with the tags kept (`response_text`), `trace` its reading (`trace.parse_ids` of the
 token ids, or `trace.parse_trace(text)`), `problem` the `data.Problem` it answers. Built-ins:
 
   name                     value                                             from
@@ -77,6 +77,13 @@ from .tags import TagIds
 from .trace import Trace, parse_ids, parse_trace, trace_stats
 
 RewardFn = Callable[[str, Trace, Problem], float]
+
+
+def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
+    """The text a reward reads of a sampled rollout: tags kept, a final EOS token dropped."""
+    ids = rollout.ids[:-1] if rollout.ids and rollout.ids[-1] in eos_ids else rollout.ids
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
 
 PARALLEL_BONUS = 0.2  # what `accuracy_parallel_bonus` adds to a correct answer with a valid block
 

@@ -35,10 +35,10 @@ from .metrics import MetricsLog, rollout_metrics
 from .model import ModelSettings, load_model
 from .optim import make_optimizer
 from .prompts import build_prompt, instructions_named, stop_ids
-from .rewards import schedule_from_string, score
+from .rewards import response_text, schedule_from_string, score
 from .sampler import SamplerSettings, sample
 from .sft import sft_step
-from .show import progress, response_text, trace_tree
+from .show import progress, trace_tree
 from .tags import TagIds
 
 transformers.logging.disable_progress_bar()  # no "Writing model shards" bar at every checkpoint

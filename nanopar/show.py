@@ -3,8 +3,8 @@
 Used by sample.py, and by training to print a sample trace now and then. Text is decoded span by
 span from the token ids, so what you see is exactly what the sampler and the layout read.
 Also `rollout_record`, the machine-readable form of a rollout (sample.py --json, eval files),
-`response_text`, the text rewards grade, and the two things every script's display shares: the
-progress bar and how a metric is written in a table (`metric_cell`).
+and the two things every script's display shares: the progress bar and how a metric is written
+in a table (`metric_cell`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.tree import Tree
 
 from .trace import trace_stats
-
-
-def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
-    """The response as rewards read it: tags kept, a final EOS token dropped."""
-    ids = rollout.ids[:-1] if rollout.ids and rollout.ids[-1] in eos_ids else rollout.ids
-    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _text(tokenizer, ids: list[int], limit: int) -> str:
