@@ -34,7 +34,7 @@ from nanopar.curriculum import recipe, select
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner
-from nanopar.show import metric_cell
+from nanopar.show import STAGE_ROWS, metric_cell
 
 
 @dataclass
@@ -131,19 +131,12 @@ def summary(runner: Runner, stages) -> Table:
                   "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
         for spec in sets:
             result = (results or {}).get(spec, {})
-            for key, name, kind in EVAL_ROWS:
-                column[f"{_label(spec)}: {name}"] = metric_cell(result.get(key), kind)
+            for row in STAGE_ROWS:
+                column[f"{_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
         columns.append(column)
     for name in columns[0] if columns else []:
         table.add_row(name, *[column[name] for column in columns], end_section=name == "seconds")
     return table
-
-
-EVAL_ROWS = [  # (evaluation.summarize key, row name, show.metric_cell kind)
-    ("accuracy", "accuracy", "rate"), ("parallel_ratio", "parallel ratio", "rate"),
-    ("relative_position", "<Parallel> position", "number"), ("paths_per_block", "paths/block", "number"),
-    ("acceleration", "acceleration", "number"), ("truncation_rate", "truncated", "rate"),
-]
 
 
 def _label(spec: str) -> str:
