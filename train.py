@@ -19,7 +19,6 @@ report with pass@k and speedup (eval.py).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from rich.table import Table
 from nanopar import NanoparError
 from nanopar.config import parse_config, save_config
 from nanopar.curriculum import recipe, select
+from nanopar.data import read_jsonl
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner
@@ -111,7 +111,7 @@ class TrainConfig:
 
 def summary(runner: Runner, stages) -> Table:
     """Stages as columns: their training numbers, then the held-out results of each stage's model."""
-    records = [json.loads(line) for line in (runner.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_jsonl(runner.out / "metrics.jsonl")
     c = runner.c
     sets = runner.eval_sets() if c.eval_problems else []
     table = Table(title=f"{runner.out}: held-out results after each stage "

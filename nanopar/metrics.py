@@ -97,7 +97,7 @@ class MetricsLog:
         """On resume: forget lines of `stage` past `step` (written after the last checkpoint)."""
         if not self.path.exists():
             return
-        records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        records = read_jsonl(self.path)
         kept = [r for r in records if not (r.get("stage") == stage and r.get("step", 0) > step)]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
@@ -112,8 +112,7 @@ def plot_metrics(jsonl: str | Path, png: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in Path(jsonl).read_text().splitlines() if line.strip()]
-    records = [r for r in records if "reward" in r]  # RL steps
+    records = [r for r in read_jsonl(jsonl) if "reward" in r]  # RL steps
     fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4 * len(PLOTTED), 3.2))
     offset, stages = 0, list(dict.fromkeys(r["stage"] for r in records))
     for stage in stages:

@@ -1,11 +1,12 @@
-"""metrics.py: a GRPO step's numbers against a hand count, and the metrics log."""
+"""metrics.py: a GRPO step's numbers against a hand count, and the metrics log's readers."""
 
 import json
 
 import pytest
 
+from nanopar import NanoparError
 from nanopar.grading import Grade
-from nanopar.metrics import MetricsLog, rollout_metrics
+from nanopar.metrics import MetricsLog, plot_metrics, rollout_metrics
 from nanopar.rewards import RewardResult
 from nanopar.sampler import Rollout, RolloutStats
 from nanopar.tags import TagIds
@@ -52,3 +53,16 @@ def test_the_log_drops_lines_past_a_resumed_step(tmp_path):
     lines = [json.loads(line) for line in log.path.read_text().splitlines()]
     assert [(r["stage"], r["step"]) for r in lines] == [("sft", 1), ("sft", 2), ("rl", 1)]
 
+
+def test_a_torn_last_line_is_a_one_line_error_naming_it(tmp_path):
+    """A line cut short (a crash mid-write, or a read while it is written) is named, not a traceback."""
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"stage": "rl", "step": 1, "reward": 0.5})
+    with log.path.open("a") as f:
+        f.write('{"stage": "rl", "step": 2, "rew')
+    before = log.path.read_text()
+    for read in (lambda: log.drop_after("rl", 1), lambda: plot_metrics(log.path, tmp_path / "m.png")):
+        with pytest.raises(NanoparError) as error:
+            read()
+        assert str(error.value).startswith(f"{log.path}:2: not valid JSON") and "\n" not in str(error.value)
+    assert log.path.read_text() == before and not (tmp_path / "m.png").exists()
