@@ -51,7 +51,7 @@ from nanopar.policy import Policy
 from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec
 from nanopar.sampler import SamplerSettings
-from nanopar.show import metric_cell, progress
+from nanopar.show import METRIC_ROWS, metric_cell, progress
 
 TOY_RUN_MODEL = "runs/default/4-rl-hard/final"  # what `python train.py` leaves
 
@@ -177,30 +177,6 @@ def average(benchmarks: dict[str, dict]) -> dict:
 
 # ----------------------------------------------------------------------------- tables
 
-# (key, label, kind) of a summary's rows; kind: "rate" as a percentage, "number", "count"
-ROWS = [
-    ("problems", "problems", "count"),
-    ("samples", "responses", "count"),
-    ("accuracy", "mean@k (accuracy)", "rate"),
-    ("pass_at_k", "pass@k", "rate"),
-    ("parallel_ratio", "parallel ratio", "rate"),
-    ("relative_position", "<Parallel> position", "number"),
-    ("blocks_per_response", "blocks / response", "number"),
-    ("paths_per_block", "paths / block", "number"),
-    ("format_valid", "format valid", "rate"),
-    ("parse_failures", "answer parse failures", "rate"),
-    ("acceleration", "acceleration (x)", "number"),
-    ("response_length", "length (tokens)", "number"),
-    ("truncation_rate", "truncated", "rate"),
-    ("tokens_per_second", "decode tokens/s", "count"),
-    ("parallel_tokens_per_second", "  parallel (speedup batches)", "count"),
-    ("sequential_tokens_per_second", "  sequential, same prompts", "count"),
-    ("speedup", "speedup (x)", "number"),
-    ("seconds", "seconds", "count"),
-]
-KINDS = {key: kind for key, _, kind in ROWS}
-
-
 def results_table(summary: dict, title: str = "") -> Table:
     """Metrics as rows, one column per benchmark, and the average over benchmarks."""
     table = Table(title=escape(title))
@@ -212,24 +188,29 @@ def results_table(summary: dict, title: str = "") -> Table:
     if with_average:
         table.add_column("average", justify="right")
     k = {"accuracy": summary["samples_per_problem"], "pass_at_k": next(iter(benchmarks.values()))["k"]}
-    for key, label, kind in ROWS:
-        if any(key in m for m in benchmarks.values()):
-            mean = [metric_cell(summary["average"].get(key), kind)] if with_average else []
-            label = label.replace("@k", f"@{k[key]}") if key in k else label
-            table.add_row(label, *[metric_cell(m.get(key), kind) for m in benchmarks.values()], *mean)
+    for row in METRIC_ROWS:
+        if any(row.key in m for m in benchmarks.values()):
+            cells = [metric_cell(m.get(row.key), row.kind) for m in benchmarks.values()]
+            mean = [metric_cell(summary["average"].get(row.key), row.kind)] if with_average else []
+            table.add_row(_at_k(row.name, row.key, k), *cells, *mean)
     return table
 
 
 def brief_table(name: str, metrics: dict, samples: int) -> Table:
-    """One benchmark's headline numbers, printed as soon as it is done."""
-    columns = {"accuracy": f"mean@{samples}", "pass_at_k": f"pass@{metrics['k']}", "parallel_ratio": "parallel",
-               "format_valid": "format", "acceleration": "accel.", "tokens_per_second": "tok/s", "speedup": "speedup"}
+    """One benchmark's headline numbers (the rows with a `brief` head), printed as soon as it is done."""
+    k = {"accuracy": samples, "pass_at_k": metrics["k"]}
+    rows = [row for row in METRIC_ROWS if row.brief]
     table = Table(show_edge=False)
     table.add_column("benchmark")
-    for header in columns.values():
-        table.add_column(header, justify="right")
-    table.add_row(escape(name), *[metric_cell(metrics.get(key), KINDS[key]) for key in columns])
+    for row in rows:
+        table.add_column(_at_k(row.brief, row.key, k), justify="right")
+    table.add_row(escape(name), *[metric_cell(metrics.get(row.key), row.kind) for row in rows])
     return table
+
+
+def _at_k(label: str, key: str, k: dict[str, int]) -> str:
+    """A row's label with the k its metric was computed with: "mean@k (accuracy)" -> "mean@4 (accuracy)"."""
+    return label.replace("@k", f"@{k[key]}") if key in k else label
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -260,15 +241,15 @@ def compare(paths: tuple[str, ...], console: Console) -> dict:
     rows = {}
     for name in dict.fromkeys([*a_rows, *b_rows]):
         ma, mb = a_rows.get(name, {}), b_rows.get(name, {})
-        for key, label, kind in ROWS:
-            va, vb = ma.get(key), mb.get(key)
+        for row in METRIC_ROWS:
+            va, vb = ma.get(row.key), mb.get(row.key)
             if va is None and vb is None:
                 continue
             both = isinstance(va, (int, float)) and isinstance(vb, (int, float))
             difference = vb - va if both else None
-            rows[(name, key)] = {"a": va, "b": vb, "difference": difference}
-            shown = "-" if difference is None else ("+" if difference > 0 else "") + metric_cell(difference, kind)
-            table.add_row(escape(name), label, metric_cell(va, kind), metric_cell(vb, kind), shown)
+            rows[(name, row.key)] = {"a": va, "b": vb, "difference": difference}
+            shown = "-" if difference is None else ("+" if difference > 0 else "") + metric_cell(difference, row.kind)
+            table.add_row(escape(name), row.name, metric_cell(va, row.kind), metric_cell(vb, row.kind), shown)
         table.add_section()
     console.print(table)
     return rows

@@ -19,7 +19,6 @@ report with pass@k and speedup (eval.py).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,15 +29,16 @@ from rich.table import Table
 from nanopar import NanoparError
 from nanopar.config import parse_config, save_config
 from nanopar.curriculum import TrainConfig, recipe, select
+from nanopar.data import read_jsonl
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner
-from nanopar.show import metric_cell
+from nanopar.show import STAGE_ROWS, metric_cell
 
 
 def summary(runner: Runner, stages) -> Table:
     """Stages as columns: their training numbers, then the held-out results of each stage's model."""
-    records = [json.loads(line) for line in (runner.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_jsonl(runner.out / "metrics.jsonl")
     c = runner.config
     sets = runner.eval_sets() if c.eval_problems else []
     table = Table(title=f"{runner.out}: held-out results after each stage "
@@ -57,19 +57,12 @@ def summary(runner: Runner, stages) -> Table:
                   "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
         for spec in sets:
             result = (results or {}).get(spec, {})
-            for key, name, kind in EVAL_ROWS:
-                column[f"{_label(spec)}: {name}"] = metric_cell(result.get(key), kind)
+            for row in STAGE_ROWS:
+                column[f"{_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
         columns.append(column)
     for name in columns[0] if columns else []:
         table.add_row(name, *[column[name] for column in columns], end_section=name == "seconds")
     return table
-
-
-EVAL_ROWS = [  # (evaluation.summarize key, row name, show.metric_cell kind)
-    ("accuracy", "accuracy", "rate"), ("parallel_ratio", "parallel ratio", "rate"),
-    ("relative_position", "<Parallel> position", "number"), ("paths_per_block", "paths/block", "number"),
-    ("acceleration", "acceleration", "number"), ("truncation_rate", "truncated", "rate"),
-]
 
 
 def _label(spec: str) -> str:

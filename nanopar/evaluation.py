@@ -4,29 +4,16 @@
     summarize(records)["accuracy"]                      # Mean@16 (Parallel-R1), avg@8 (NPR) ...
     summarize(records, k=4)["pass_at_k"]                # unbiased pass@4 from 16 samples a problem
 
-A *record* is one (problem, sample) as a JSON-ready dict: the problem (id, source, question,
-gold answer, extra fields), the prompt and response text, its grade, its structure statistics,
-and the rollout (`show.rollout_record`: token ids, finish, structure in token offsets, sampler
-stats; without its sampled mask, log-probs, prompt ids and raw text, which only training needs
-and which would make the file several times larger). eval.py writes them as samples.jsonl;
-everything below reads records only, so a saved file is summarised or re-scored without the model.
-
-  evaluate        prompts (`prompts.build_prompt`) -> the sampler, batch by batch -> records;
-                  grading is `rewards.score("accuracy", ...)`, the same function as re-scoring
-                  and training, so the three can never disagree
-  summarize       per benchmark: mean@k, pass@k, parallel ratio, relative position of <Parallel>,
-                  blocks per response, paths per block, format-valid rate, answer-parse
-                  failures, acceleration (tokens / critical-path tokens), length, truncation
-  pass_at_k       the unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)
-  decode_rate     tokens/s of the sampler calls behind some records
-  sequential_rate tokens/s of the same model on the same prompts without forking (the tags read
-                  as text): NPR's speedup is decode_rate / sequential_rate
-  rescore         any reward spec on saved records, without sampling; `reward_report` gives its
-                  distribution and how it goes with correctness
-
-The structure statistics come from `trace.trace_stats` of the rollout's token-id trace, once per
-record; `summarize` only averages them. Not here: the command line, tables and files (eval.py),
-LLM judges, majority voting (maj@k), confidence intervals.
+A *record* is one (problem, sample) as a JSON-ready dict: the problem (to grade it again), the
+prompt and response text, its grade (`rewards.score("accuracy", ...)`, as training and
+re-scoring grade), its structure (`metrics.response_structure`: token offsets) and the rollout
+less what only training needs (`show.rollout_record` without the sampled mask, log-probs, prompt
+ids and raw text). Everything after `evaluate` reads records only, so a saved samples.jsonl is
+summarised or re-scored without the model: `summarize` (mean@k, unbiased pass@k, format-valid
+rate, answer-parse failures, and `metrics.structure_metrics` as a GRPO step reports them),
+`decode_rate` / `sequential_rate` (tokens/s with and without forking: NPR's speedup), `rescore` /
+`reward_report` (any reward spec on saved responses). Not here: the command line, tables and
+files (eval.py), LLM judges, majority voting (maj@k), confidence intervals.
 """
 
 from __future__ import annotations
@@ -39,12 +26,13 @@ from collections.abc import Callable
 
 from . import NanoparError
 from .data import Problem
+from .metrics import response_structure, structure_metrics
 from .policy import Policy
 from .prompts import build_prompt, stop_ids
-from .rewards import RewardResult, parse_reward_spec, score
+from .rewards import RewardResult, parse_reward_spec, response_text, score
 from .sampler import SamplerSettings, sample
-from .show import response_text, rollout_record
-from .trace import parse_trace, trace_stats
+from .show import rollout_record
+from .trace import parse_trace
 
 
 def evaluate(
@@ -84,7 +72,6 @@ def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_i
     """One rollout of one problem as a JSON-ready record: problem, response, grade, structure."""
     text = response_text(rollout, tokenizer, eos_ids)
     result = score("accuracy", text, rollout.trace, problem)
-    stats = trace_stats(rollout.trace)  # token offsets: positions are fractions of tokens
     rollout_fields = {k: v for k, v in rollout_record(rollout, tokenizer).items() if k not in TRAINING_ONLY}
     return {
         "id": problem.id,
@@ -97,16 +84,10 @@ def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_i
         "correct": result.grade.correct,
         "parse_error": result.grade.error,
         "format_ok": result.format_ok,  # Parallel-R1's Algorithm 1 accepts the response
-        "has_parallel": stats.has_parallel,  # at least one valid block
-        "blocks": stats.blocks,
-        "valid_blocks": stats.valid_blocks,
-        "paths_per_block": stats.paths_per_block,
-        "relative_positions": stats.relative_positions,
-        "new_tokens": stats.length,
-        "critical_path": stats.critical_path,
+        **response_structure(rollout),  # blocks, paths, positions (token offsets), lengths, finish
         "question": problem.question,  # with answer and extra: the Problem again, for re-scoring
         "extra": problem.extra,
-        **rollout_fields,  # ids, finish, structure, stats
+        **rollout_fields,  # ids, structure, stats (finish again: the same)
     }
 
 
@@ -137,9 +118,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def summarize(records: list[dict], k: int | None = None) -> dict:
     """The metrics of one benchmark's records. `k` of pass@k defaults to the samples per problem.
 
-    accuracy is mean@k: the mean over problems of (correct samples / samples). Structure rates
-    are means over responses; `relative_position` and `paths_per_block` over blocks (None when
-    there is none); acceleration is total tokens / total critical-path tokens.
+    accuracy is mean@k: the mean over problems of (correct samples / samples); the structure
+    numbers are `metrics.structure_metrics`, as a GRPO step reports them.
     """
     if not records:
         raise NanoparError("no records to summarize")
@@ -150,23 +130,15 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
     k = fewest if k is None else k
     if not 1 <= k <= fewest:
         raise NanoparError(f"pass@{k} needs 1 <= k <= the samples of every problem (fewest: {fewest})")
-    positions = [p for r in records for p in r["relative_positions"]]
-    paths = [n for r in records for n in r["paths_per_block"]]
     return {
         "problems": len(correct),
         "samples": len(records),
         "k": k,
         "accuracy": statistics.fmean(sum(c) / len(c) for c in correct.values()),
         "pass_at_k": statistics.fmean(pass_at_k(len(c), sum(c), k) for c in correct.values()),
-        "parallel_ratio": statistics.fmean(r["has_parallel"] for r in records),
-        "relative_position": statistics.fmean(positions) if positions else None,
-        "blocks_per_response": statistics.fmean(r["blocks"] for r in records),
-        "paths_per_block": statistics.fmean(paths) if paths else None,
         "format_valid": statistics.fmean(r["format_ok"] for r in records),
         "parse_failures": statistics.fmean(r["parse_error"] is not None for r in records),
-        "acceleration": sum(r["new_tokens"] for r in records) / max(sum(r["critical_path"] for r in records), 1),
-        "response_length": statistics.fmean(r["new_tokens"] for r in records),
-        "truncation_rate": statistics.fmean(r["finish"] == "length" for r in records),
+        **structure_metrics(records),
     }
 
 

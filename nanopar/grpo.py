@@ -36,8 +36,7 @@ from .metrics import rollout_metrics
 from .optim import apply_gradients
 from .policy import Policy
 from .prompts import stop_ids
-from .rewards import score
-from .show import response_text  # TODO(merge): rewards.response_text
+from .rewards import response_text, score
 from .sampler import Rollout, SamplerSettings, sample
 
 

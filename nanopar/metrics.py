@@ -1,12 +1,17 @@
-"""What a training step reports: rollout statistics, a JSON Lines log, and the plot of a run.
+"""What a training step reports: structure and reward statistics, a JSON Lines log, and its plot.
 
-`rollout_metrics` turns a step's rollouts and rewards into the numbers the papers track:
-reward (total and by component), accuracy, answer-parse failures, parallel ratio (responses
-with at least one valid block), mean relative position of `<Parallel>` (Parallel-R1's drift
-from ~0.4 to ~0.8), blocks and paths per response, response length, truncation rate, the
-fraction of groups whose rewards are all equal (they teach GRPO nothing), and acceleration
-(total tokens / critical-path tokens). `plot_metrics` draws a metrics file as a PNG.
-Not here: the loss-side numbers (grpo.py returns them).
+`response_structure` is one response's structure, read once from its token-id trace: the fields
+an evaluation record stores (valid blocks, paths per block, relative position of each
+`<Parallel>`, length, critical-path length, finish). `structure_metrics` averages them over
+responses into the numbers the papers track: parallel ratio (responses with a valid block), mean
+relative position of `<Parallel>` (Parallel-R1's drift from ~0.4 to ~0.8), blocks per response,
+paths per block, acceleration (tokens / critical-path tokens), length and truncation rate. A
+GRPO step (`rollout_metrics`, from rollouts) and an evaluation (`evaluation.summarize`, from
+saved records) both call it, so the two cannot count differently. `rollout_metrics` adds the
+reward (total and by component), accuracy, answer-parse failures and the fraction of groups
+whose rewards are all equal (they teach GRPO nothing). `MetricsLog` appends a run's lines;
+`plot_metrics` draws them as a PNG. Not here: the loss-side numbers (grpo.py returns them), the
+tables (show.py).
 """
 
 from __future__ import annotations
@@ -15,28 +20,62 @@ import json
 from pathlib import Path
 from statistics import fmean
 
+from .data import read_jsonl
 from .trace import trace_stats
+
+
+def response_structure(rollout) -> dict:
+    """One response's structure (token offsets), as an evaluation record stores it and `structure_metrics` reads it."""
+    stats = trace_stats(rollout.trace)
+    return {
+        "has_parallel": stats.has_parallel,  # at least one valid block
+        "blocks": stats.blocks,  # blocks read, valid or not
+        "valid_blocks": stats.valid_blocks,
+        "paths_per_block": stats.paths_per_block,
+        "relative_positions": stats.relative_positions,  # offset of each <Parallel> / length
+        "new_tokens": stats.length,  # response tokens, sampled and inserted
+        "critical_path": stats.critical_path,  # tokens on the longest route through the blocks
+        "finish": rollout.finish,  # "eos" or "length" (truncated)
+    }
+
+
+def structure_metrics(responses: list[dict]) -> dict:
+    """Means over responses (`response_structure` dicts, or evaluation records, which hold them).
+
+    `relative_position` and `paths_per_block` are means over blocks (None when there is none);
+    acceleration is total tokens / total critical-path tokens.
+
+    >>> plain = {"has_parallel": False, "blocks": 0, "paths_per_block": [], "relative_positions": [],
+    ...          "new_tokens": 10, "critical_path": 10, "finish": "length"}
+    >>> block = plain | {"has_parallel": True, "blocks": 1, "paths_per_block": [3], "relative_positions": [0.5],
+    ...                  "new_tokens": 30, "critical_path": 15, "finish": "eos"}
+    >>> m = structure_metrics([block, plain])
+    >>> m["parallel_ratio"], m["paths_per_block"], m["acceleration"], m["response_length"], m["truncation_rate"]
+    (0.5, 3.0, 1.6, 20.0, 0.5)
+    """
+    positions = [p for r in responses for p in r["relative_positions"]]
+    paths = [n for r in responses for n in r["paths_per_block"]]
+    return {
+        "parallel_ratio": fmean(r["has_parallel"] for r in responses),
+        "relative_position": fmean(positions) if positions else None,
+        "blocks_per_response": fmean(r["blocks"] for r in responses),
+        "paths_per_block": fmean(paths) if paths else None,
+        "acceleration": sum(r["new_tokens"] for r in responses) / max(sum(r["critical_path"] for r in responses), 1),
+        "response_length": fmean(r["new_tokens"] for r in responses),
+        "truncation_rate": fmean(r["finish"] == "length" for r in responses),
+    }
 
 
 def rollout_metrics(rollouts, results, group_size: int) -> dict:
     """Means over one step's rollouts; `results[i]` is rewards.score's result for rollouts[i]."""
-    stats = [trace_stats(r.trace) for r in rollouts]
-    positions = [p for s in stats for p in s.relative_positions]
-    paths = [n for s in stats for n in s.paths_per_block]
     totals = [res.total for res in results]
     groups = [totals[i : i + group_size] for i in range(0, len(totals), group_size)]
     metrics = {
         "reward": fmean(totals),
         "accuracy": fmean(res.grade.correct for res in results),
         "parse_failures": fmean(res.grade.error is not None for res in results),
-        "parallel_ratio": fmean(s.has_parallel for s in stats),
-        "relative_position": fmean(positions) if positions else None,
-        "blocks_per_response": fmean(s.blocks for s in stats),
-        "paths_per_block": fmean(paths) if paths else None,
-        "response_length": fmean(len(r.ids) for r in rollouts),
-        "truncation_rate": fmean(r.finish == "length" for r in rollouts),
+        **structure_metrics([response_structure(r) for r in rollouts]),
         "zero_variance_groups": fmean(max(g) == min(g) for g in groups),
-        "acceleration": sum(len(r.ids) for r in rollouts) / max(sum(s.critical_path for s in stats), 1),
     }
     for name in results[0].components if results else []:
         metrics[f"reward/{name}"] = fmean(res.components[name] for res in results)
@@ -58,7 +97,7 @@ class MetricsLog:
         """On resume: forget lines of `stage` past `step` (written after the last checkpoint)."""
         if not self.path.exists():
             return
-        records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        records = read_jsonl(self.path)
         kept = [r for r in records if not (r.get("stage") == stage and r.get("step", 0) > step)]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
@@ -73,8 +112,7 @@ def plot_metrics(jsonl: str | Path, png: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in Path(jsonl).read_text().splitlines() if line.strip()]
-    records = [r for r in records if "reward" in r]  # RL steps
+    records = [r for r in read_jsonl(jsonl) if "reward" in r]  # RL steps
     fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4 * len(PLOTTED), 3.2))
     offset, stages = 0, list(dict.fromkeys(r["stage"] for r in records))
     for stage in stages:

@@ -34,6 +34,13 @@ from .trace import Trace, parse_ids, parse_trace, trace_stats
 
 RewardFn = Callable[[str, Trace, Problem], float]
 
+
+def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
+    """The text a reward reads of a sampled rollout: tags kept, a final EOS token dropped."""
+    ids = rollout.ids[:-1] if rollout.ids and rollout.ids[-1] in eos_ids else rollout.ids
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
 PARALLEL_BONUS = 0.2  # what `accuracy_parallel_bonus` adds to a correct answer with a valid block
 
 # ----------------------------------------------------------------------------- registry

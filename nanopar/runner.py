@@ -37,8 +37,7 @@ from .model import ModelSettings, load_model
 from .optim import make_optimizer
 from .policy import Policy
 from .prompts import build_prompt, instructions_named, stop_ids
-from .rewards import schedule_from_string, score
-from .show import response_text  # TODO(merge)
+from .rewards import response_text, schedule_from_string, score
 from .sampler import SamplerSettings, sample
 from .sft import sft_step
 from .show import progress, trace_tree

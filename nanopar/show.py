@@ -3,23 +3,21 @@
 Used by sample.py, and by training to print a sample trace now and then. Text is decoded span by
 span from the token ids, so what you see is exactly what the sampler and the layout read.
 Also `rollout_record`, the machine-readable form of a rollout (sample.py --json, eval files),
-`response_text`, the text rewards grade, and the two things every script's display shares: the
-progress bar and how a metric is written in a table (`metric_cell`).
+and what every script's display shares: the progress bar, how a metric is written in a table
+(`metric_cell`), and the one list of metric rows with their names and kinds (`METRIC_ROWS`),
+from which train.py's table of stages, eval.py's tables and --compare all take theirs. Not
+here: computing the metrics (metrics.py, evaluation.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
 from .trace import trace_stats
-
-
-def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
-    """The response as rewards read it: tags kept, a final EOS token dropped."""
-    ids = rollout.ids[:-1] if rollout.ids and rollout.ids[-1] in eos_ids else rollout.ids
-    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _text(tokenizer, ids: list[int], limit: int) -> str:
@@ -101,3 +99,37 @@ def metric_cell(value, kind: str) -> str:
     if not isinstance(value, (int, float)):
         return "-"
     return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "count": f"{value:,.0f}"}[kind]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One metric as the tables show it."""
+
+    key: str  # its key in evaluation.summarize's dict (or in eval.py's speed numbers)
+    name: str  # row name in eval.py's results table and --compare ("@k" becomes the k used)
+    kind: str  # how metric_cell writes it: "rate", "number" or "count"
+    stage: str = ""  # row name in train.py's table of stages ("" = not there)
+    brief: str = ""  # column head in eval.py's line per finished benchmark ("" = not there)
+
+
+METRIC_ROWS = [  # in the order every table shows them
+    Row("problems", "problems", "count"),
+    Row("samples", "responses", "count"),
+    Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),
+    Row("pass_at_k", "pass@k", "rate", brief="pass@k"),
+    Row("parallel_ratio", "parallel ratio", "rate", stage="parallel ratio", brief="parallel"),
+    Row("relative_position", "<Parallel> position", "number", stage="<Parallel> position"),
+    Row("blocks_per_response", "blocks / response", "number"),
+    Row("paths_per_block", "paths / block", "number", stage="paths/block"),
+    Row("format_valid", "format valid", "rate", brief="format"),
+    Row("parse_failures", "answer parse failures", "rate"),
+    Row("acceleration", "acceleration (x)", "number", stage="acceleration", brief="accel."),
+    Row("response_length", "length (tokens)", "number"),
+    Row("truncation_rate", "truncated", "rate", stage="truncated"),
+    Row("tokens_per_second", "decode tokens/s", "count", brief="tok/s"),
+    Row("parallel_tokens_per_second", "  parallel (speedup batches)", "count"),
+    Row("sequential_tokens_per_second", "  sequential, same prompts", "count"),
+    Row("speedup", "speedup (x)", "number", brief="speedup"),
+    Row("seconds", "seconds", "count"),
+]
+STAGE_ROWS = [row for row in METRIC_ROWS if row.stage]  # train.py's held-out rows, per evaluation set

@@ -3,6 +3,7 @@ of the shipped benchmarks' real answer formats through the evaluation path, reco
 of scripted and of real (tiny, random) sampling, the speed helpers, re-scoring and its report."""
 
 import itertools
+import json
 import math
 import statistics
 from fractions import Fraction
@@ -18,14 +19,17 @@ from nanopar.evaluation import (
     pass_at_k,
     rescore,
     reward_report,
+    sample_record,
     sequential_rate,
     summarize,
 )
 from nanopar.format import check_format
 from nanopar.grading import gold_answer
+from nanopar.metrics import rollout_metrics
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
-from nanopar.prompts import build_prompt
+from nanopar.prompts import build_prompt, stop_ids
+from nanopar.rewards import response_text, score
 from nanopar.sampler import Rollout, RolloutStats, SamplerSettings
 from nanopar.tags import TagIds
 from nanopar.toy import toy_tokenizer
@@ -275,6 +279,27 @@ def test_scripted_evaluation_records_and_summary(monkeypatch):
     assert s["truncation_rate"] == pytest.approx(2 / 9)
     assert s["acceleration"] == pytest.approx(sum(r["new_tokens"] for r in records) / sum(r["critical_path"] for r in records))
     assert s["acceleration"] > 1
+
+
+def test_a_grpo_step_and_an_evaluation_report_the_same_structure(monkeypatch):
+    """The same responses, as a training step's rollouts and as saved evaluation records: the
+    structure numbers (and accuracy, parse failures) are equal to the last bit."""
+    tokenizer = toy_tokenizer()
+    fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT])
+    problems = [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]]
+    prompts = [build_prompt(p, tokenizer, instructions="") for p in problems]
+    eos = stop_ids(None, tokenizer)
+    rollouts = fake(None, prompts, POLICY, SamplerSettings(), eos, 3)
+    owners = [p for p in problems for _ in range(3)]
+    results = [score("accuracy", response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
+    step = rollout_metrics(rollouts, results, group_size=3)
+    records = [json.loads(json.dumps(sample_record(r, p, i % 3, tokenizer, eos)))  # as read back from a file
+               for i, (r, p) in enumerate(zip(rollouts, owners))]
+    summary = summarize(records)
+    shared = ["accuracy", "parse_failures", "parallel_ratio", "relative_position", "blocks_per_response",
+              "paths_per_block", "acceleration", "response_length", "truncation_rate"]
+    assert {key: step[key] for key in shared} == {key: summary[key] for key in shared}
+    assert step["parallel_ratio"] == 2 / 9 and step["truncation_rate"] == 2 / 9 and step["acceleration"] > 1
 
 
 def test_speed_helpers(monkeypatch):

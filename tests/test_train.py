@@ -11,6 +11,7 @@ import train
 from nanopar import NanoparError
 from nanopar.checkpoint import latest_checkpoint, save_checkpoint
 from nanopar.model import ModelSettings, load_model
+from nanopar.show import STAGE_ROWS
 
 SMALL = ["--pretrain-steps", "3", "--sft-steps", "2", "--rl-easy-steps", "3", "--rl-hard-steps", "2",
          "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--max-path-tokens", "12",
@@ -198,7 +199,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
         assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
         assert all(r["problems"] == 2 and r["samples"] == 2 for r in results.values())
     table = train.summary(runner, stages)
-    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * len(train.EVAL_ROWS)
+    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * len(STAGE_ROWS)
     rows = list(table.columns[0].cells)
     hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"

@@ -1,0 +1,68 @@
+"""metrics.py: a GRPO step's numbers against a hand count, and the metrics log's readers."""
+
+import json
+
+import pytest
+
+from nanopar import NanoparError
+from nanopar.grading import Grade
+from nanopar.metrics import MetricsLog, plot_metrics, rollout_metrics
+from nanopar.rewards import RewardResult
+from nanopar.sampler import Rollout, RolloutStats
+from nanopar.tags import TagIds
+from nanopar.trace import parse_ids
+
+TAGS = TagIds(100, 101, 102, 103, 104, 105)
+P, P_, PATH, PATH_, S, S_, EOS = 100, 101, 102, 103, 104, 105, 0
+
+
+def rollout(ids: list[int], finish: str) -> Rollout:
+    stats = RolloutStats(len(ids), len(ids), 0, [], 0, 0, 0, 0.0, 0)  # rollout_metrics reads none of these
+    return Rollout([7], ids, [True] * len(ids), [0.0] * len(ids), parse_ids(ids, TAGS), finish, stats)
+
+
+def result(total: float, correct: bool, error: str | None = None) -> RewardResult:
+    components = {"accuracy": 1.0 if correct else -1.0, "format": total}
+    return RewardResult(total, components, Grade(correct, None, error), True)
+
+
+def test_rollout_metrics_by_hand():
+    rollouts = [
+        rollout([1, 2, P, PATH, 5, 6, PATH_, PATH, 7, PATH_, P_, S, 8, S_, 9, EOS], "eos"),  # a valid block at 2/16
+        rollout([1, 2, 3, EOS], "eos"),
+        rollout([P, PATH, 5, PATH_, P_, S, 8, S_], "length"),  # one path: a block, not a valid one
+        rollout([1] * 10, "length"),
+    ]
+    results = [result(1.0, True), result(-1.0, False), result(-1.0, False), result(-1.0, False, "no answer found")]
+    m = rollout_metrics(rollouts, results, group_size=2)
+    assert m["reward"] == -0.5 and m["accuracy"] == 0.25 and m["parse_failures"] == 0.25
+    assert m["reward/accuracy"] == -0.5 and m["reward/format"] == -0.5
+    assert m["zero_variance_groups"] == 0.5  # (1, -1) teaches something, (-1, -1) nothing
+    assert m["parallel_ratio"] == 0.25 and m["blocks_per_response"] == 0.5
+    assert m["relative_position"] == (2 / 16 + 0 / 8) / 2 and m["paths_per_block"] == 1.5  # over blocks
+    assert m["response_length"] == (16 + 4 + 8 + 10) / 4 and m["truncation_rate"] == 0.5
+    # the shorter path (3 tokens: <Path> 7 </Path>) runs beside the longer one: 13 tokens on the critical path
+    assert m["acceleration"] == (16 + 4 + 8 + 10) / (13 + 4 + 8 + 10)
+
+
+def test_the_log_drops_lines_past_a_resumed_step(tmp_path):
+    log = MetricsLog(tmp_path / "run" / "metrics.jsonl")
+    for stage, step in [("sft", 1), ("sft", 2), ("rl", 1), ("rl", 2), ("rl", 3)]:
+        log.write({"stage": stage, "step": step})
+    log.drop_after("rl", 1)
+    lines = [json.loads(line) for line in log.path.read_text().splitlines()]
+    assert [(r["stage"], r["step"]) for r in lines] == [("sft", 1), ("sft", 2), ("rl", 1)]
+
+
+def test_a_torn_last_line_is_a_one_line_error_naming_it(tmp_path):
+    """A line cut short (a crash mid-write, or a read while it is written) is named, not a traceback."""
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"stage": "rl", "step": 1, "reward": 0.5})
+    with log.path.open("a") as f:
+        f.write('{"stage": "rl", "step": 2, "rew')
+    before = log.path.read_text()
+    for read in (lambda: log.drop_after("rl", 1), lambda: plot_metrics(log.path, tmp_path / "m.png")):
+        with pytest.raises(NanoparError) as error:
+            read()
+        assert str(error.value).startswith(f"{log.path}:2: not valid JSON") and "\n" not in str(error.value)
+    assert log.path.read_text() == before and not (tmp_path / "m.png").exists()
