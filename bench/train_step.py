@@ -47,10 +47,12 @@ import contextlib
 import ctypes
 import math
 import os
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import torch
@@ -66,8 +68,10 @@ from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import PAD, bias_logits  # noqa: E402  (the tests' logit-bias hook: one home for both)
+
 MB = 2**20
-PAD = 0
 TAG_RATES = {"parallel_open": 0.03, "path_close": 0.05, "summary_close": 0.05}  # target p(tag) per step
 QWEN25 = {  # the shapes of Qwen2.5-0.5B / 1.5B (their config.json), for --full-size
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
@@ -98,11 +102,8 @@ class Contestant:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.reference = Reference(self.model)
-        rows = self.model.get_output_embeddings().weight.shape[0]
-        dtype = self.model.get_output_embeddings().weight.dtype
-        self.bias = torch.zeros(rows, dtype=dtype, device=self.model.device)  # [V] on the logits
-        for name, rate in TAG_RATES.items():  # uniform-ish random logits: p(tag) ~ rate
-            self.bias[getattr(self.tags, name)] = math.log(rate * self.vocab_size)
+        # added to the tag logits while sampling; uniform-ish random logits: p(tag) ~ rate
+        self.tag_bias = {getattr(self.tags, name): math.log(rate * self.vocab_size) for name, rate in TAG_RATES.items()}
 
 
 def tiny_contestant(name, mode, vocab, tokenizer_vocab, args, device, repeats, check, **shape):
@@ -189,7 +190,7 @@ def grpo_step(c: Contestant, clock: Clock, check: bool = True) -> dict:
     model = c.model
     policy = Policy(c.tags, c.mode, 1.0, c.vocab_size)
     settings = SamplerSettings(max_new_tokens=c.new_tokens, seed=0)
-    hook = model.get_output_embeddings().register_forward_hook(lambda m, a, out: out + c.bias)
+    hook = bias_logits(model, c.tag_bias)
     try:
         rollouts = clock("sample", lambda: sample(model, c.prompts, policy, settings, eos_ids=[],
                                                   samples_per_prompt=c.group))

@@ -61,11 +61,6 @@ def policy_logprobs(logits: torch.Tensor, temperature: float, vocab_size: int | 
     return torch.log_softmax(logits, dim=-1)
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, vocab_size: int | None):
-    """The policy log-prob of each token. logits [..., V], tokens [...] -> [...]."""
-    return policy_logprobs(logits, temperature, vocab_size).gather(-1, tokens[..., None]).squeeze(-1)
-
-
 def draw(
     logits: torch.Tensor,  # [N, V] raw logits of the next token
     temperature: float,  # 0 = greedy

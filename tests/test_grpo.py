@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import PAD, TAGS, V, bias_logits, load_char_model
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update, policy_loss
 from nanopar.optim import make_optimizer
@@ -14,11 +15,6 @@ from nanopar.sampler import SamplerSettings, sample
 from nanopar.sft import sft_step
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
-
-V = 128
-TAGS = TagIds(*range(V - 6, V))
-P, P_, A, A_, S, S_ = TAGS.all()
-PAD = 0
 
 
 def test_advantages_follow_their_definition():
@@ -58,9 +54,7 @@ def test_policy_loss_equals_the_hand_written_formula():
 
 def structured_rollouts(model, seed=0, keep_bias=False):
     """Rollouts with forks: a bias on the tag logits (left on the model when `keep_bias`)."""
-    bias = torch.zeros(V)
-    bias[list(TAGS.all())] = 2.5
-    handle = model.lm_head.register_forward_hook(lambda m, a, out: out + bias)
+    handle = bias_logits(model, dict.fromkeys(TAGS.all(), 2.5))
     settings = SamplerSettings(max_new_tokens=30, max_path_tokens=6, seed=seed)
     rollouts = sample(model, [[1, 2, 3], [4, 5, 6, 7]], Policy(TAGS), settings, eos_ids=[7], samples_per_prompt=4)
     if not keep_bias:
@@ -85,13 +79,7 @@ def test_inserted_tokens_and_prompts_get_no_gradient():
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_one_grpo_step_raises_the_probability_of_the_rewarded_token(lora, tmp_path):
-    from nanopar.model import ModelSettings, load_model
-    from nanopar.tiny import char_tokenizer
-
-    tiny_qwen_model(vocab_size=V).save_pretrained(tmp_path)
-    char_tokenizer().save_pretrained(tmp_path)
-    torch.manual_seed(0)
-    model, tokenizer = load_model(ModelSettings(str(tmp_path), lora=lora))
+    model, tokenizer = load_char_model(tmp_path, lora=lora)
     tags = TagIds.from_tokenizer(tokenizer)
     prompt = tokenizer.encode("ab", add_special_tokens=False)
     good = tokenizer.convert_tokens_to_ids("x")

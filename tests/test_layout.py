@@ -7,13 +7,10 @@ under the Unseen layout a path must behave exactly as if its siblings did not ex
 import pytest
 import torch
 
+from conftest import A, A_, P, P_, S, S_, TAGS, V
 from nanopar.layout import build_layout
-from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
 
-V = 256
-TAGS = TagIds(*range(V - 6, V))  # the last six ids are the tags
-P, P_, A, A_, S, S_ = TAGS.all()
 ATOL = 1e-5
 
 

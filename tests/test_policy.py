@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from nanopar.policy import draw, policy_logprobs, token_logprobs
+from conftest import token_logprobs
+from nanopar.policy import draw, policy_logprobs
 
 
 def test_logprobs_are_a_temperature_softmax_over_the_real_vocabulary():

@@ -3,39 +3,25 @@
 import pytest
 import torch
 
+from conftest import A, A_, EOS, P, P_, S, S_, TAGS, V, bias_logits, load_char_model, tag_biased_model, token_logprobs
 from nanopar.layout import build_layout
-from nanopar.policy import token_logprobs
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import PARALLEL_R1, TagIds
 from nanopar.tiny import tiny_qwen_model
 from nanopar.trace import parse_trace
 
-V = 256
-TAGS = TagIds(*range(V - 6, V))
-P, P_, A, A_, S, S_ = TAGS.all()
-EOS = 7
 PROMPTS = [[1, 2, 3], [4, 5, 6, 8, 9, 10, 11], [12, 13, 14, 15, 16]]
 
 
-def make_model(arch="qwen3", tag_bias=0.0, eos_bias=0.0, seed=0):
-    """A tiny model; a bias on the tag (and EOS) logits makes structure likely at T = 1."""
-    model = tiny_qwen_model(arch=arch, vocab_size=V, seed=seed)
-    bias = torch.zeros(V)
-    bias[V - 6 :] = tag_bias
-    bias[EOS] = eos_bias
-    model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
-    return model
-
-
-def reread(model, rollout, mode):
+def reread(model, rollout, mode, tags=TAGS, vocab_size=None):
     """Training-style forward of prompt + response with the layout -> log-probs of the response."""
     ids = torch.tensor([rollout.prompt_ids + rollout.ids])
-    layout = build_layout(ids, TAGS, mode, prompt_lengths=[len(rollout.prompt_ids)])
+    layout = build_layout(ids, tags, mode, prompt_lengths=[len(rollout.prompt_ids)])
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids).logits
     n = len(rollout.prompt_ids)
-    return token_logprobs(logits[0, n - 1 : -1], ids[0, n:], 1.0, None)  # [len(response)]
+    return token_logprobs(logits[0, n - 1 : -1], ids[0, n:], 1.0, vocab_size)  # [len(response)]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
@@ -59,7 +45,7 @@ def test_greedy_without_tags_equals_generate(arch):
 
 @pytest.fixture(scope="module")
 def structured_rollouts():
-    model = make_model(tag_bias=2.5, eos_bias=1.0)
+    model = tag_biased_model(tag_bias=2.5, eos_bias=1.0)
     settings = SamplerSettings(max_new_tokens=60, max_path_tokens=12, paths=3, seed=0)
     return model, sample(model, PROMPTS, Policy(TAGS), settings, eos_ids=[EOS], samples_per_prompt=4)
 
@@ -95,7 +81,7 @@ def test_structured_training_forward_reproduces_every_sampled_logprob(structured
 
 
 def test_causal_mode_matches_after_merges_and_documents_the_path_mismatch():
-    model = make_model(tag_bias=2.5, eos_bias=1.0)
+    model = tag_biased_model(tag_bias=2.5, eos_bias=1.0)
     settings = SamplerSettings(max_new_tokens=60, max_path_tokens=12, seed=1)
     rollouts = sample(model, PROMPTS, Policy(TAGS, "causal"), settings, eos_ids=[EOS], samples_per_prompt=4)
     after_merges, path_gaps = 0, []
@@ -121,7 +107,7 @@ def detokenize(ids):
 
 
 def test_two_hundred_tag_heavy_rollouts_stay_within_budgets_and_read_back():
-    model = make_model(tag_bias=3.0, eos_bias=0.5)
+    model = tag_biased_model(tag_bias=3.0, eos_bias=0.5)
     rollouts = []
     for seed in range(4):
         settings = SamplerSettings(
@@ -190,33 +176,20 @@ def test_bad_settings_are_clear_errors():
 
 @pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "4bit-lora"])
 def test_lora_and_4bit_models_sample_consistently(four_bit, tmp_path):
-    from nanopar.model import ModelSettings, load_model
-    from nanopar.tiny import char_tokenizer
-
-    tiny_qwen_model(vocab_size=128, hidden_size=64).save_pretrained(tmp_path)
-    char_tokenizer().save_pretrained(tmp_path)
-    torch.manual_seed(0)
-    model, tokenizer = load_model(ModelSettings(str(tmp_path), load_in_4bit=four_bit, lora=True))
+    model, tokenizer = load_char_model(tmp_path, load_in_4bit=four_bit, lora=True)
     with torch.no_grad():  # a LoRA that is not the identity
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05)
     tags = TagIds.from_tokenizer(tokenizer)
-    bias = torch.zeros(len(tokenizer) + 64)
-    bias[list(tags.all())] = 3.0
-    model.get_output_embeddings().register_forward_hook(lambda m, a, out: out + bias[: out.shape[-1]])
+    bias_logits(model, dict.fromkeys(tags.all(), 3.0))
     settings = SamplerSettings(max_new_tokens=40, max_path_tokens=8, seed=0)
     prompts = [tokenizer.encode("12+30=", add_special_tokens=False), tokenizer.encode("7*6=", add_special_tokens=False)]
     rollouts = sample(model, prompts, Policy(tags, vocab_size=len(tokenizer)), settings, [tokenizer.eos_token_id],
                       samples_per_prompt=4)
     assert not model.training and sum(r.stats.forks for r in rollouts) >= 2
     for rollout in rollouts:
-        ids = torch.tensor([rollout.prompt_ids + rollout.ids])
-        layout = build_layout(ids, tags, prompt_lengths=[len(rollout.prompt_ids)])
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids).logits
-        n = len(rollout.prompt_ids)
-        expected = token_logprobs(logits[0, n - 1 : -1], ids[0, n:], 1.0, len(tokenizer))
+        expected = reread(model, rollout, "structured", tags, len(tokenizer))
         sampled = torch.tensor(rollout.sampled)
         assert (torch.tensor(rollout.logprobs) - expected)[sampled].abs().max() <= 1e-4
         assert max(rollout.ids) < len(tokenizer)  # the padded vocabulary is never drawn
