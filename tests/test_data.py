@@ -11,18 +11,13 @@ from dataclasses import dataclass
 
 import pytest
 
+from conftest import one_line
 from nanopar import NanoparError
 from nanopar.data import BENCHMARK_DIR, BENCHMARKS, Problem, load_problems, read_jsonl, write_jsonl
 from nanopar.prompts import PARALLEL_INSTRUCTIONS, PLAIN_INSTRUCTIONS, build_prompt, parallel_instructions, stop_ids
-from nanopar.tags import PARALLEL_R1, TagSchema
+from nanopar.tags import PARALLEL_R1, TagIds, TagSchema
 
 ROWS = {"gsm8k": 1319, "gsm8k_train": 7473, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40}
-
-
-def one_line(error: pytest.ExceptionInfo) -> str:
-    message = str(error.value)
-    assert "\n" not in message
-    return message
 
 
 # --------------------------------------------------------------------------- shipped benchmarks
@@ -217,14 +212,6 @@ def test_write_is_atomic(tmp_path):
 # --------------------------------------------------------------------------- prompts
 
 
-@pytest.fixture(scope="module")
-def qwen():
-    from nanopar.model import add_tag_tokens, offline_qwen_tokenizer
-
-    tokenizer = offline_qwen_tokenizer()
-    return tokenizer, add_tag_tokens(tokenizer)
-
-
 def test_parallel_instructions_use_the_schema():
     for tag in PARALLEL_R1.all():
         assert tag in PARALLEL_INSTRUCTIONS
@@ -236,8 +223,8 @@ def test_parallel_instructions_use_the_schema():
     assert (PARALLEL_INSTRUCTIONS + PLAIN_INSTRUCTIONS).isascii()  # the char tokenizer can read them
 
 
-def test_build_prompt_qwen_chat(qwen):
-    tokenizer, tag_ids = qwen
+def test_build_prompt_qwen_chat(qwen_tokenizer):
+    tokenizer, tag_ids = qwen_tokenizer, TagIds.from_tokenizer(qwen_tokenizer)
     problem = load_problems("aime24", limit=1)[0]
     ids = build_prompt(problem, tokenizer)
     text = tokenizer.decode(ids)
@@ -265,10 +252,10 @@ def test_build_prompt_char_tokenizer_is_plain_text():
     assert tokenizer.unk_token_id not in ids
 
 
-def test_stop_ids(qwen):
+def test_stop_ids(qwen_tokenizer):
     from nanopar.tiny import char_tokenizer
 
-    tokenizer, _ = qwen
+    tokenizer = qwen_tokenizer
     assert stop_ids(None, tokenizer) == [151645]  # <|im_end|>: the tokenizer's EOS
     base = type("Model", (), {"generation_config": type("Config", (), {"eos_token_id": 151643})()})()
     assert stop_ids(base, tokenizer) == [151643, 151645]  # + the model's <|endoftext|>

