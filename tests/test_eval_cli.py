@@ -3,21 +3,18 @@ summary, --compare, a user's reward file, and one-line errors for bad input."""
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import eval as eval_script
-from nanopar import NanoparError, rewards
+from conftest import one_line, reward_file, run_script
+from nanopar import NanoparError
 from nanopar.config import field_comments
 from nanopar.data import read_jsonl
 from nanopar.evaluation import decode_rate, summarize
 from nanopar.format import check_format
 from test_evaluation import PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
-
-ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "pass_at_k", "parallel_ratio", "relative_position",
                 "blocks_per_response", "paths_per_block", "format_valid", "parse_failures", "acceleration",
                 "response_length", "truncation_rate")
@@ -88,22 +85,15 @@ def test_scripted_run_rescoring_reproduces_the_accuracy(tmp_path, monkeypatch, c
     assert reports["all"]["mean"] == pytest.approx(sum(expected) / len(expected))
 
 
-def test_a_users_reward_file_rescores_by_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(rewards, "REWARDS", dict(rewards.REWARDS))  # the user's reward stays in this test
-    reward_file = tmp_path / "my_rewards.py"
-    reward_file.write_text(
-        "from nanopar.rewards import register, is_correct\n\n"
-        "@register('short_and_correct')\n"
-        "def short_and_correct(text, trace, problem):\n"
-        "    return float(is_correct(text, problem) and len(text) < 20)\n"
-    )
+def test_a_users_reward_file_rescores_by_name(tmp_path, registry):
+    user_rewards = reward_file(tmp_path, "short_and_correct", shorter_than=20)
     samples = tmp_path / "samples.jsonl"
     lines = [{"benchmark": "b", "id": "1", "answer": "204", "response": r"\boxed{204}", "correct": True},
              {"benchmark": "b", "id": "1", "answer": "204", "response": "a long way round... Final Answer: 204",
               "correct": True},
              {"benchmark": "b", "id": "1", "answer": "204", "response": r"\boxed{5}", "correct": False}]
     samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    reports = eval_script.main(["--rescore", str(samples), "--reward-file", str(reward_file),
+    reports = eval_script.main(["--rescore", str(samples), "--reward-file", str(user_rewards),
                                 "--reward", "accuracy:1,short_and_correct:0.5"])
     assert reports["b"]["histogram"] == {"-1": 1, "1": 1, "1.5": 1}
     assert reports["b"]["components"] == {"accuracy": pytest.approx(1 / 3), "short_and_correct": pytest.approx(1 / 3)}
@@ -161,13 +151,12 @@ def test_bad_input_is_one_line_naming_what_is_missing(args, message, tmp_path, m
     (tmp_path / "samples.jsonl").write_text(json.dumps({"id": "a", "response": "Final Answer: 2"}) + "\n" * 2)
     with pytest.raises(NanoparError) as error:
         eval_script.main([arg.format(**names) for arg in args] + ["--out", str(tmp_path / "out")])
-    assert str(error.value).startswith(message.format(**names)) and "\n" not in str(error.value)
+    assert one_line(error).startswith(message.format(**names))
     assert not (tmp_path / "out").exists()  # nothing written, no model loaded
 
 
 def test_the_script_prints_an_error_as_one_line():
-    result = subprocess.run([sys.executable, "eval.py", "--model", "tiny:toy", "--benchmarks", "missing.jsonl"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = run_script("eval.py", "--model", "tiny:toy", "--benchmarks", "missing.jsonl")
     assert result.returncode == 1
     assert result.stderr == ("error: benchmark or file not found: missing.jsonl "
                              "(known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23)\n")

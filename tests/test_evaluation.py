@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import pytest
 
+from conftest import text_rollout
 from nanopar import NanoparError, evaluation
 from nanopar.data import load_problems
 from nanopar.evaluation import (
@@ -30,10 +31,9 @@ from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, stop_ids
 from nanopar.rewards import response_text, score
-from nanopar.sampler import Rollout, RolloutStats, SamplerSettings
+from nanopar.sampler import SamplerSettings
 from nanopar.tags import TagIds
 from nanopar.toy import toy_tokenizer
-from nanopar.trace import parse_ids, trace_stats
 
 # ----------------------------------------------------------------------------- pass@k, mean@k
 
@@ -134,10 +134,7 @@ class Scripted:
             for text, finish in self.script[tuple(prompt)][:samples_per_prompt]:
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
                 ids += [eos_ids[0]] if finish == "eos" else []
-                trace = parse_ids(ids, tag_ids or NO_TAGS)
-                stats = RolloutStats(len(ids), len(ids), len(trace.blocks), [[len(p) for p in b.paths] for b in trace.blocks],
-                                     trace_stats(trace).critical_path, len(trace.stray), 0, self.wall_time, 0)
-                rollouts.append(Rollout(prompt, ids, [True] * len(ids), [0.0] * len(ids), trace, finish, stats))
+                rollouts.append(text_rollout(prompt, ids, tag_ids or NO_TAGS, finish, self.wall_time))
         return rollouts
 
 

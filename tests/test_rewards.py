@@ -2,6 +2,7 @@
 
 import pytest
 
+from conftest import one_line
 from nanopar import NanoparError, rewards
 from nanopar.data import Problem
 from nanopar.grading import Grade, grade
@@ -104,13 +105,6 @@ def test_rewards_read_token_id_traces():
 # ----------------------------------------------------------------------------- registry and specs
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """A private copy of the registry, so a test's rewards do not outlive it."""
-    monkeypatch.setattr(rewards, "REWARDS", dict(rewards.REWARDS))
-    return rewards.REWARDS
-
-
 def test_a_user_reward_in_a_few_lines_is_selectable_by_name(registry):
     @register("short_and_correct")
     def short_and_correct(text, trace, problem):
@@ -149,8 +143,7 @@ def test_unknown_reward_lists_the_known_names(registry):
 def test_bad_spec_strings(spec, message):
     with pytest.raises(NanoparError) as error:
         parse_reward_spec(spec)
-    assert str(error.value).startswith(message)
-    assert "\n" not in str(error.value)
+    assert one_line(error).startswith(message)
 
 
 def test_spec_forms():

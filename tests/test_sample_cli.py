@@ -1,22 +1,18 @@
 """sample.py as a user runs it: a tiny model, prompts from flags and files, --json, bad input."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import sample
+from conftest import one_line, run_script
 from nanopar import NanoparError
 from nanopar.tiny import char_tokenizer
 from nanopar.trace import parse_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def run(*args):
-    return subprocess.run([sys.executable, "sample.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return run_script("sample.py", *args)
 
 
 def test_cli_draws_trees_and_writes_consistent_json(tmp_path):
@@ -59,7 +55,7 @@ def test_prompts_from_text_and_jsonl_files(tmp_path):
 def test_bad_input_is_a_clear_error(args, message):
     with pytest.raises(NanoparError) as error:
         sample.main(args)
-    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    assert one_line(error).startswith(message)
 
 
 def test_the_script_prints_an_error_as_one_line():

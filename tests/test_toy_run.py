@@ -9,13 +9,13 @@ collapse to sequential answers Parallel-R1 guards against with its parallel rewa
 needs the minutes of the real run. ~90 s on 2 cores.
 """
 
-import json
 from statistics import fmean
 
 import pytest
 
 import sample
 import train
+from conftest import read_metrics
 
 MINI = ["--pretrain-steps", "80", "--sft-steps", "40", "--rl-easy-steps", "16", "--rl-hard-steps", "2",
         "--prompts-per-step", "8", "--group-size", "8", "--max-new-tokens", "120", "--lr", "5e-4",
@@ -27,7 +27,7 @@ MARGIN = 0.3  # measured (seed 0): first 4 steps 0.21, last 4 0.95 (format-valid
 @pytest.mark.slow
 def test_a_miniature_default_run_learns_and_its_checkpoint_samples(tmp_path):
     run = train.main(["--out", str(tmp_path), *MINI])
-    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    log = read_metrics(run)
     rewards = [r["reward"] for r in log if r.get("stage") == "rl-easy" and "step" in r]
     assert len(rewards) == 16
     gain = fmean(rewards[-LAST:]) - fmean(rewards[:FIRST])

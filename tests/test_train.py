@@ -8,8 +8,10 @@ import torch
 import nanopar.grpo
 import nanopar.runner
 import train
+from conftest import one_line, read_metrics, reward_file, text_rollout
 from nanopar import NanoparError
 from nanopar.checkpoint import latest_checkpoint, save_checkpoint
+from nanopar.data import read_jsonl
 from nanopar.model import ModelSettings, load_model
 from nanopar.show import STAGE_ROWS
 
@@ -20,9 +22,13 @@ SMALL = ["--pretrain-steps", "3", "--sft-steps", "2", "--rl-easy-steps", "3", "-
          "--eval-problems", "2", "--eval-samples", "1"]
 
 
-def final_weights(run):
-    model, _ = load_model(ModelSettings(str(run / "4-rl-hard" / "final")))
+def weights(folder):
+    model, _ = load_model(ModelSettings(str(folder)))
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def final_weights(run):
+    return weights(run / "4-rl-hard" / "final")
 
 
 def crash_on_call(monkeypatch, n, error):
@@ -41,7 +47,7 @@ def crash_on_call(monkeypatch, n, error):
 @pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     straight = train.main(["--out", str(tmp_path / "a"), *SMALL])
-    metrics = [json.loads(l) for l in (straight / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(straight)
     assert [m["step"] for m in metrics if m.get("stage") == "rl-easy" and "step" in m] == [1, 2, 3]
     assert (straight / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     # the same run, killed during rl-easy's third step (the 3rd sampling call), then run again
@@ -53,14 +59,9 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     resumed = train.main(["--out", str(tmp_path / "b"), *SMALL])
     a, b = final_weights(straight), final_weights(resumed)
     assert max((a[n] - b[n]).abs().max().item() for n in a) <= 1e-6
-    assert any((a[n] - final_weights_start(tmp_path)[n]).abs().max() > 0 for n in a)  # training did move them
-    lines = [json.loads(l) for l in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert any((a[n] - weights(tmp_path / "a" / "2-sft" / "final")[n]).abs().max() > 0 for n in a)  # training did move them
+    lines = read_metrics(resumed)
     assert [m["step"] for m in lines if m.get("stage") == "rl-easy" and "step" in m] == [1, 2, 3]
-
-
-def final_weights_start(tmp_path):
-    model, _ = load_model(ModelSettings(str(tmp_path / "a" / "2-sft" / "final")))
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.mark.slow
@@ -99,9 +100,7 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
     answer for the rest, the stage keeps exactly the problems with a correct, valid trace."""
     import random
 
-    from nanopar.sampler import Rollout, RolloutStats
     from nanopar.toy import parallel_trace, toy_problems
-    from nanopar.trace import parse_ids
 
     problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
 
@@ -113,10 +112,7 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
             good = parallel_trace(problem, random.Random(i))
             texts = [good.replace("Final Answer:", "Final Answer: 99+") if i % 2 else good] * samples_per_prompt
             for text in texts:
-                ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
-                stats = RolloutStats(len(ids), len(ids), 1, [], len(ids), 0, 0, 0.0, 0)
-                rollouts.append(Rollout(prompt, ids, [True] * len(ids), [0.0] * len(ids), parse_ids(ids, policy.tag_ids),
-                                        "eos", stats))
+                rollouts.append(text_rollout(prompt, tokenizer.encode(text) + [tokenizer.eos_token_id], policy.tag_ids))
         return rollouts
 
     monkeypatch.setattr(nanopar.runner, "sample", fake_sample)
@@ -124,9 +120,9 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
     with pytest.raises(NanoparError, match="rl-easy starts from stage sft, which is not done"):
         train.main(["--out", str(tmp_path), "--sft-data", "", "--pretrain-data", "", "--stages",
                     "cold-start-data,rl-easy", "--distill-tries", "2"])
-    kept = [json.loads(l) for l in (tmp_path / "1-cold-start-data" / "traces.jsonl").read_text().splitlines()]
+    kept = read_jsonl(tmp_path / "1-cold-start-data" / "traces.jsonl")
     assert len(kept) == 3 and all("Final Answer: 99+" not in r["response"] for r in kept)
-    log = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    log = read_metrics(tmp_path)
     assert [r["kept_fraction"] for r in log if r.get("event") == "distill"] == [0.5]
 
 
@@ -146,7 +142,7 @@ def test_bad_flags_are_one_line_errors(args, message, tmp_path):
     with pytest.raises(NanoparError) as error:
         train.main(["--out", str(tmp_path), *SMALL, "--stages", "rl-easy", *args]
                    if "--stages" not in args else ["--out", str(tmp_path), *SMALL, *args])
-    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    assert one_line(error).startswith(message)
 
 
 def test_a_broken_traces_file_names_its_line(tmp_path):
@@ -156,26 +152,19 @@ def test_a_broken_traces_file_names_its_line(tmp_path):
         train.main(["--out", str(tmp_path / "run"), *SMALL, "--pretrain-data", "", "--sft-data", str(path)])
 
 
-def test_a_reward_file_adds_a_reward_selectable_by_name(tmp_path):
-    path = tmp_path / "my_rewards.py"
-    path.write_text(
-        "from nanopar.rewards import register, is_correct\n\n"
-        "@register('short_and_right')\n"
-        "def short_and_right(text, trace, problem):\n"
-        "    return float(is_correct(text, problem) and len(text) < 50)\n"
-    )
+def test_a_reward_file_adds_a_reward_selectable_by_name(tmp_path, registry):
+    path = reward_file(tmp_path, "short_and_right", shorter_than=50)
     args = ["--out", str(tmp_path / "run"), *SMALL, "--reward-file", str(path), "--easy-reward",
             "short_and_right:1,format:0.1", "--stages", "rl-easy"]
     with pytest.raises(NanoparError, match="rl-easy starts from stage sft"):  # validation passed first
         train.main(args)
-    from nanopar.rewards import REWARDS, score
+    from nanopar.rewards import score
     from nanopar.toy import make_problems
     from nanopar.trace import parse_trace
 
     problem = make_problems("easy", 1, seed=0)[0]  # numbers 7 7 1 target 49, answer 7*(7*1)
     assert problem.extra["numbers"] == [7, 7, 1] and problem.extra["target"] == 49
     assert score("short_and_right", "Final Answer: 7*7*1", parse_trace(""), problem).total == 1.0
-    del REWARDS["short_and_right"]
     with pytest.raises(NanoparError, match="reward file not found: nope.py"):
         train.main(["--out", str(tmp_path / "run"), "--reward-file", "nope.py"])
 
@@ -190,7 +179,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     assert names == ["pretrain", "sft", "rl-easy", "rl-hard", "baseline-rl-easy", "baseline-rl-hard"]
     assert runner.input_model(stages[4]) == str(tmp_path / "1-pretrain" / "final")  # the base, not the SFT model
     assert runner.input_model(stages[5]) == str(tmp_path / "5-baseline-rl-easy" / "final")
-    log = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    log = read_metrics(tmp_path)
     assert {r["reward_spec"]["accuracy"] for r in log if r.get("stage", "").startswith("baseline") and "step" in r} == {1.0}
     evaluated = [r["stage"] for r in log if r.get("event") == "eval"]
     assert evaluated == names  # once each, in order
@@ -204,10 +193,10 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"
     train.main(args)  # everything done: nothing is trained or evaluated again
-    again = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    again = read_metrics(tmp_path)
     assert len(again) == len(log)
     train.main([*args, "--eval-problems", "3"])  # other evaluation flags: evaluated again, not trained
-    third = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    third = read_metrics(tmp_path)
     assert [r["event"] for r in third[len(log):]] == ["eval"] * 6
     assert all(r["problems"] == 3 for r in third[-1]["results"].values())
 
