@@ -1,24 +1,22 @@
 """metrics.py: a GRPO step's numbers against a hand count, and the metrics log's readers."""
 
-import json
-
 import pytest
 
+from conftest import one_line, text_rollout
 from nanopar import NanoparError
+from nanopar.data import read_jsonl
 from nanopar.grading import Grade
 from nanopar.metrics import MetricsLog, plot_metrics, rollout_metrics
 from nanopar.rewards import RewardResult
-from nanopar.sampler import Rollout, RolloutStats
+from nanopar.sampler import Rollout
 from nanopar.tags import TagIds
-from nanopar.trace import parse_ids
 
 TAGS = TagIds(100, 101, 102, 103, 104, 105)
 P, P_, PATH, PATH_, S, S_, EOS = 100, 101, 102, 103, 104, 105, 0
 
 
 def rollout(ids: list[int], finish: str) -> Rollout:
-    stats = RolloutStats(len(ids), len(ids), 0, [], 0, 0, 0, 0.0, 0)  # rollout_metrics reads none of these
-    return Rollout([7], ids, [True] * len(ids), [0.0] * len(ids), parse_ids(ids, TAGS), finish, stats)
+    return text_rollout([7], ids, TAGS, finish)
 
 
 def result(total: float, correct: bool, error: str | None = None) -> RewardResult:
@@ -50,7 +48,7 @@ def test_the_log_drops_lines_past_a_resumed_step(tmp_path):
     for stage, step in [("sft", 1), ("sft", 2), ("rl", 1), ("rl", 2), ("rl", 3)]:
         log.write({"stage": stage, "step": step})
     log.drop_after("rl", 1)
-    lines = [json.loads(line) for line in log.path.read_text().splitlines()]
+    lines = read_jsonl(log.path)
     assert [(r["stage"], r["step"]) for r in lines] == [("sft", 1), ("sft", 2), ("rl", 1)]
 
 
@@ -64,5 +62,5 @@ def test_a_torn_last_line_is_a_one_line_error_naming_it(tmp_path):
     for read in (lambda: log.drop_after("rl", 1), lambda: plot_metrics(log.path, tmp_path / "m.png")):
         with pytest.raises(NanoparError) as error:
             read()
-        assert str(error.value).startswith(f"{log.path}:2: not valid JSON") and "\n" not in str(error.value)
+        assert one_line(error).startswith(f"{log.path}:2: not valid JSON")
     assert log.path.read_text() == before and not (tmp_path / "m.png").exists()
