@@ -3,9 +3,8 @@
 What it implements:
   - `ModelSettings`, one flat dataclass of everything that decides how a model is loaded;
   - `load_model`: tokenizer + causal LM from a hub id, a local folder, or a nanopar checkpoint
-    folder holding a LoRA adapter (its base model is loaded first, then the adapter);
-  - `add_tag_tokens`: the six tags as single tokens, their embedding rows initialised to the mean
-    of the pieces the tag text used to split into (deterministic, so a reload reproduces it);
+    folder holding a LoRA adapter (its base model is loaded first, then the adapter), the tags
+    added as tokens (`tags.add_tag_tokens`);
   - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
   - `save_checkpoint_model`, `disable_bnb_cpu_repack`, and the offline Qwen tokenizer.
 
@@ -25,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from . import NanoparError
-from .tags import PARALLEL_R1, TagIds, TagSchema
+from .tags import PARALLEL_R1, TagIds, TagSchema, add_tag_tokens
 from .tiny import TINY_PREFIX, tiny_named
 
 # bitsandbytes warns at import, on CPUs with AVX512-BF16, that an optional `kernels` package for
@@ -179,58 +178,10 @@ def disable_bnb_cpu_repack(model) -> int:
     return len(layers)
 
 
-def add_tag_tokens(tokenizer, model=None, schema: TagSchema = PARALLEL_R1) -> TagIds:
-    """Add the schema's tags to `tokenizer` as single tokens (and rows of `model`); return their ids.
-
-    Only tags the tokenizer lacks are added (`special_tokens=True`: never split, never
-    normalised; note `decode(..., skip_special_tokens=True)` drops them). When the model's
-    embedding has fewer rows than the tokenizer, it grows to a multiple of 64; the grown rows
-    start at the mean of the old rows. Each just-added tag's row (input embedding, and output
-    embedding when untied) starts at the mean of the rows of the pieces the tag text split into
-    before: "<Path>" -> mean("<Path", ">") in Qwen's tokenizer. Rows of tags the tokenizer
-    already had are left alone, since they may have been trained.
-    """
-    vocab = tokenizer.get_vocab()
-    new_tags = [tag for tag in schema.all() if tag not in vocab]
-    pieces = {tag: tokenizer.encode(tag, add_special_tokens=False) for tag in new_tags}
-    if new_tags:
-        tokenizer.add_tokens(new_tags, special_tokens=True)
-    tag_ids = TagIds.from_tokenizer(tokenizer, schema)
-    if model is not None:
-        _grow_embeddings(model, len(tokenizer))
-        with torch.no_grad():
-            for tag, piece_ids in pieces.items():
-                row = tokenizer.convert_tokens_to_ids(tag)
-                for weight in _embedding_matrices(model):
-                    weight[row] = weight[piece_ids].mean(dim=0)  # [d]
-    return tag_ids
-
-
-def _embedding_matrices(model) -> list[torch.Tensor]:
-    """The input embedding matrix, plus the output one when it is not tied to it: [V, d] each."""
-    weights = [model.get_input_embeddings().weight]
-    output = model.get_output_embeddings()
-    if output is not None and output.weight is not weights[0]:
-        weights.append(output.weight)
-    return weights
-
-
-def _grow_embeddings(model, n_tokens: int) -> None:
-    """Resize the embedding(s) to hold `n_tokens` rows (padded to 64); new rows = mean old row."""
-    old_rows = model.get_input_embeddings().weight.shape[0]
-    if old_rows >= n_tokens:
-        return
-    # transformers fills the new rows at random (either way); we overwrite them so a reload,
-    # which resizes again, gets the same rows without the adapter having to store the matrix.
-    model.resize_token_embeddings(n_tokens, pad_to_multiple_of=64, mean_resizing=False)
-    with torch.no_grad():
-        for weight in _embedding_matrices(model):
-            weight[old_rows:] = weight[:old_rows].mean(dim=0)  # [V_new - V_old, d]
-
-
 def _is_tied(model) -> bool:
     """Whether the output embedding (lm_head) shares its weight with the input embedding."""
-    return len(_embedding_matrices(model)) == 1
+    output = model.get_output_embeddings()
+    return output is None or output.weight is model.get_input_embeddings().weight
 
 
 def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):

@@ -53,8 +53,7 @@ from transformers import PreTrainedTokenizerFast
 
 from . import NanoparError
 from .data import Problem
-from .model import add_tag_tokens
-from .tags import PARALLEL_R1
+from .tags import PARALLEL_R1, add_tag_tokens
 from .tiny import tiny_qwen_config
 
 

@@ -219,7 +219,8 @@ def test_write_is_atomic(tmp_path):
 
 @pytest.fixture(scope="module")
 def qwen():
-    from nanopar.model import add_tag_tokens, offline_qwen_tokenizer
+    from nanopar.model import offline_qwen_tokenizer
+    from nanopar.tags import add_tag_tokens
 
     tokenizer = offline_qwen_tokenizer()
     return tokenizer, add_tag_tokens(tokenizer)

@@ -20,14 +20,13 @@ from nanopar import NanoparError
 from nanopar import model as nm
 from nanopar.model import (
     ModelSettings,
-    add_tag_tokens,
     apply_lora,
     load_model,
     offline_qwen_tokenizer,
     offline_qwen_tokenizer_folder,
     save_checkpoint_model,
 )
-from nanopar.tags import PARALLEL_R1, TagIds
+from nanopar.tags import PARALLEL_R1, TagIds, add_tag_tokens
 from nanopar.tiny import tiny_qwen_model
 
 # peft 0.21.2 still asks transformers 5 for the deprecated `is_gradient_checkpointing`.
