@@ -48,13 +48,12 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from . import NanoparError
 from .data import Problem
 from .tags import PARALLEL_R1, add_tag_tokens
-from .tiny import tiny_qwen_config
+from .tiny import tiny_qwen_config, word_tokenizer
 
 
 @dataclass(frozen=True)
@@ -325,26 +324,19 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
 # --------------------------------------------------------------------------- tokenizer and model
 
 
-EOS = "<|endoftext|>"
 WORDS = [FINAL, "numbers", "target", "yes", "no", "vs", " so "]  # whole tokens; everything else is a character
 
 
 def toy_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer: the task's words, then one token per printable ASCII character and
-    newline, so any ASCII text round-trips exactly (spaces included); the six tags are single
-    (special) tokens, added last. EOS is also the pad token, as in `tiny.char_tokenizer` and base
-    Qwen: nanopar never infers a loss mask from padding, every batch carries an explicit mask.
+    """A word-level tokenizer (`tiny.word_tokenizer`): the task's words, then one token per
+    printable ASCII character, tab and newline, so any ASCII text round-trips exactly (spaces
+    included); the six tags are single (special) tokens, added last. EOS is also the pad token, as
+    in `tiny.char_tokenizer` and base Qwen: nanopar never infers a loss mask from padding, every
+    batch carries an explicit mask.
     """
-    chars = [chr(i) for i in range(32, 127)] + ["\t", "\n"]
-    vocab = {token: i for i, token in enumerate([EOS, "<unk>", *WORDS, *chars])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    words = "|".join(re.escape(w) for w in WORDS)  # tried before single characters
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|[\\s\\S]"), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()  # join the pieces back as they were
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS,
-                                      unk_token="<unk>", clean_up_tokenization_spaces=False)
-    add_tag_tokens(wrapped)
-    return wrapped
+    tokenizer = word_tokenizer(WORDS, whitespace="\t\n", clean_up_tokenization_spaces=False)
+    add_tag_tokens(tokenizer)
+    return tokenizer
 
 
 def toy_model_config(tokenizer=None, hidden_size: int = 128, num_layers: int = 4):
