@@ -2,9 +2,9 @@
 
 What it implements:
   - `ModelSettings`, one flat dataclass of everything that decides how a model is loaded;
-  - `load_model`: tokenizer + causal LM from a hub id, a local folder, or a nanopar checkpoint
-    folder holding a LoRA adapter (its base model is loaded first, then the adapter), the tags
-    added as tokens (`tags.add_tag_tokens`);
+  - `load_model`: tokenizer + causal LM from a hub id, a local folder, a nanopar checkpoint
+    folder holding a LoRA adapter (its base model is loaded first, then the adapter), or a name
+    built from code ("tiny:qwen3"; "toy:model" through `data.SOURCES`), the tags added as tokens;
   - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
   - `save_checkpoint_model`, `disable_bnb_cpu_repack`, and the offline Qwen tokenizer.
 
@@ -25,7 +25,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from . import NanoparError
 from .tags import PARALLEL_R1, TagIds, TagSchema, add_tag_tokens
-from .tiny import TINY_PREFIX, tiny_named
+from . import data
+from .tiny import TINY_MODELS, TINY_PREFIX, tiny_named
 
 # bitsandbytes warns at import, on CPUs with AVX512-BF16, that an optional `kernels` package for
 # its repacked 4-bit CPU path is missing; nanopar turns that path off (`disable_bnb_cpu_repack`),
@@ -84,7 +85,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     """
     device, dtype = resolve_device_and_dtype(settings)
     name, adapter_folder = settings.name_or_path, None
-    if name.startswith(TINY_PREFIX):
+    if _is_built(name):
         return _load_tiny(settings, device, dtype, schema)
     if os.path.isdir(name):
         if os.path.isfile(os.path.join(name, "adapter_config.json")):
@@ -94,8 +95,8 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
         elif not os.path.isfile(os.path.join(name, "config.json")):
             raise NanoparError(f"cannot load model {name!r}: the folder has no config.json "
                                "(nor adapter_config.json of a nanopar checkpoint)")
-    if name.startswith(TINY_PREFIX):  # a checkpoint trained from a tiny model
-        model, tokenizer = tiny_named(name, dtype, settings.attn_implementation)
+    if _is_built(name):  # a checkpoint trained from a built model
+        model, tokenizer = _built_model(name, dtype, settings.attn_implementation)
     else:
         tokenizer = _from_pretrained(AutoTokenizer, name)
         model = _from_pretrained(AutoModelForCausalLM, name, **_model_kwargs(settings, device, dtype))
@@ -122,11 +123,31 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     return model.eval(), tokenizer
 
 
+def _is_built(name: str) -> bool:
+    """Whether `name` is built from code rather than loaded: "tiny:..." or a data source's ("toy:model")."""
+    return name.startswith(TINY_PREFIX) or data.source_for(name) is not None
+
+
+def _built_model(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+    """(model, tokenizer) of a built model: "tiny:qwen2" / "tiny:qwen3" (nanopar.tiny) or the model
+    of the data source its prefix names (`data.SOURCES`: "toy:model" is the toy world's)."""
+    source = data.source_for(name)
+    if source is not None and source.model is not None:
+        return source.model(name, dtype, attn_implementation)
+    if name in TINY_MODELS:
+        return tiny_named(name, dtype, attn_implementation)
+    names = list(TINY_MODELS)
+    for prefix in list(data.SOURCES):  # imports every source: on this error path only
+        names += data.source_for(f"{prefix}:").model_names
+    kind = "tiny model" if name.startswith(TINY_PREFIX) else "model"
+    raise NanoparError(f"unknown {kind} {name!r}: use {', '.join(names[:-1])} or {names[-1]}")
+
+
 def _load_tiny(settings: ModelSettings, device: str, dtype: torch.dtype, schema: TagSchema):
-    """A "tiny:qwen2" / "tiny:qwen3" model (nanopar.tiny), with tags and LoRA as for any model."""
+    """A built model ("tiny:qwen3", "toy:model"; see `_built_model`), with tags and LoRA as for any model."""
     if settings.load_in_4bit:
         raise NanoparError("tiny models are not quantised: drop --load-in-4bit")
-    model, tokenizer = tiny_named(settings.name_or_path, dtype, settings.attn_implementation)
+    model, tokenizer = _built_model(settings.name_or_path, dtype, settings.attn_implementation)
     model.to(device)
     tag_ids = add_tag_tokens(tokenizer, model, schema)
     model.config._name_or_path = settings.name_or_path  # what a saved adapter names as its base

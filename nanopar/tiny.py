@@ -1,4 +1,4 @@
-"""Tiny Qwen2 / Qwen3 models built from a config, for tests, demos and the toy world.
+"""Tiny Qwen2 / Qwen3 models built from a config, for tests and demos (the toy world builds on it).
 
 They are real `Qwen2ForCausalLM` / `Qwen3ForCausalLM` modules (same attention, rotary
 embeddings, RMSNorm, GQA) with a few thousand to a few million parameters, randomly
@@ -66,7 +66,8 @@ def tiny_qwen_model(seed: int = 0, dtype: torch.dtype = torch.float32, **config_
     return model.eval()
 
 
-TINY_PREFIX = "tiny:"  # load_model("tiny:qwen2" | "tiny:qwen3" | "tiny:toy"): a random tiny model, no download
+TINY_PREFIX = "tiny:"
+TINY_MODELS = ("tiny:qwen2", "tiny:qwen3")  # load_model(name): a random tiny model, no download
 EOS = "<|endoftext|>"
 
 
@@ -103,19 +104,10 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_named(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
-    """(model, tokenizer), randomly initialised with seed 0, for a name:
-    "tiny:qwen2" / "tiny:qwen3" (char tokenizer, vocabulary 128) or "tiny:toy" (the toy world's
-    ~0.8M-parameter Qwen3 and its tokenizer, nanopar/toy.py)."""
-    kind = name.removeprefix(TINY_PREFIX)
-    if kind == "toy":
-        from .toy import toy_model_config, toy_tokenizer
-
-        tokenizer = toy_tokenizer()
-        config = toy_model_config(tokenizer)
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-        return model.eval(), tokenizer
-    if kind not in ("qwen2", "qwen3"):
-        raise NanoparError(f"unknown tiny model {name!r}: use tiny:qwen2, tiny:qwen3 or tiny:toy")
-    model = tiny_qwen_model(arch=kind, vocab_size=128, dtype=dtype, attn_implementation=attn_implementation)
+    """(model, tokenizer) for "tiny:qwen2" / "tiny:qwen3": randomly initialised with seed 0, char
+    tokenizer, vocabulary 128."""
+    if name not in TINY_MODELS:
+        raise NanoparError(f"unknown tiny model {name!r}: use {' or '.join(TINY_MODELS)}")
+    model = tiny_qwen_model(arch=name.removeprefix(TINY_PREFIX), vocab_size=128, dtype=dtype,
+                            attn_implementation=attn_implementation)
     return model, char_tokenizer()

@@ -48,10 +48,11 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerFast
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from . import NanoparError
-from .data import Problem
+from .data import Problem, Source
 from .tags import PARALLEL_R1, add_tag_tokens
 from .tiny import tiny_qwen_config, word_tokenizer
 
@@ -350,6 +351,20 @@ def toy_model_config(tokenizer=None, hidden_size: int = 128, num_layers: int = 4
     return config
 
 
+MODEL_NAME = "toy:model"  # what `model.load_model` builds through SOURCE
+
+
+def toy_model(name: str = MODEL_NAME, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+    """(model, tokenizer): the toy model (`toy_model_config`) initialised with seed 0, eval mode."""
+    if name != MODEL_NAME:
+        raise NanoparError(f"unknown toy model {name!r}: use {MODEL_NAME}")
+    tokenizer = toy_tokenizer()
+    config = toy_model_config(tokenizer)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return model.eval(), tokenizer
+
+
 # --------------------------------------------------------------------------- as data for the stages
 
 TOY_TRAIN_PROBLEMS = 20_000  # problems per level behind "toy:easy" / "toy:hard" (seeded, may repeat)
@@ -391,3 +406,7 @@ def teacher_traces(spec: str, n: int = 4000, seed: int = 3) -> list[dict]:
                             "response": write(problem, rng)})
     rng.shuffle(records)
     return records
+
+
+# the toy world as a data source (data.SOURCES["toy"]): "toy:easy" problems, "toy:parallel" traces, "toy:model"
+SOURCE = Source(problems=toy_problems, traces=teacher_traces, model=toy_model, model_names=(MODEL_NAME,))
