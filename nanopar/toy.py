@@ -53,6 +53,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from . import NanoparError
 from .data import Problem, Source
+from .grading import FINAL_ANSWER_LINE, Grade
 from .tags import PARALLEL_R1, add_tag_tokens
 from .tiny import tiny_qwen_config, word_tokenizer
 
@@ -240,15 +241,16 @@ def _atom(tokens, at, used):  # atom := number | "(" sum ")"
 
 
 def extract_toy_answer(text: str | None) -> str | None:
-    """The rest of the line (up to a tag) after the last "Final Answer:", stripped; None when
-    absent or empty.
+    """The rest of the line (up to a tag) after the last "Final Answer:", stripped; None when absent
+    or empty. The line is found by `grading.FINAL_ANSWER_LINE` (any case, spaces around the colon),
+    but not cleaned up as math answers are: "(7*3)+12." is a wrong answer.
 
     >>> extract_toy_answer("7*3=21,21+12=33vs33yes\\nFinal Answer: (7*3)+12")
     '(7*3)+12'
     >>> extract_toy_answer("<Path>Final Answer: (7*3)+12</Path>")
     '(7*3)+12'
     """
-    found = re.findall(r"Final Answer:((?:(?!</?[A-Za-z][\w-]*>)[^\n])*)", text or "")
+    found = FINAL_ANSWER_LINE.findall(text or "")
     return (found[-1].strip() or None) if found else None
 
 
@@ -268,6 +270,14 @@ def check_countdown(answer_text: str | None, problem: Problem) -> bool:
     except ValueError:
         return False
     return value == problem.extra["target"] and sorted(used) == sorted(problem.extra["numbers"])
+
+
+def grade_countdown(response_text: str, problem: Problem) -> Grade:
+    """The "countdown" checker of `grading.CHECKERS`: the Final Answer line, checked exactly."""
+    extracted = extract_toy_answer(response_text)
+    if extracted is None:
+        return Grade(False, None, "no answer found")
+    return Grade(check_countdown(extracted, problem), extracted)
 
 
 # --------------------------------------------------------------------------- the teacher
