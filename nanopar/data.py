@@ -118,10 +118,12 @@ def load_problems(
     limit: int | None = None,
     split: str = "train",
 ) -> list[Problem]:
-    """Problems from a shipped benchmark name, a .jsonl / .txt file, or a hub data set.
+    """Problems from a registered source ("toy:easy"), a shipped benchmark name, a .jsonl / .txt
+    file, or a hub data set.
 
-    `question_field` / `answer_field` name the record fields (defaults above); `limit` keeps the
-    first N problems; `split` is used for hub data sets only (files have no splits).
+    `question_field` / `answer_field` name the record fields (defaults above; `answer_field=""`:
+    records without answers, e.g. prompts to sample); `limit` keeps the first N problems; `split`
+    is used for hub data sets only (files have no splits).
 
     >>> [(p.id, p.answer) for p in load_problems("aime24", limit=2)]
     [('aime24:1', '204'), ('aime24:2', '113')]

@@ -287,7 +287,8 @@ def test_model_config_and_a_checkpoint_folder_that_loads_like_any_model(traces, 
     assert 0.7e6 < params < 0.9e6, params
     built, built_tokenizer = load_model(ModelSettings("toy:model", device="cpu"))  # through data.SOURCES
     assert built_tokenizer.get_vocab() == tokenizer.get_vocab() and built.config._name_or_path == "toy:model"
-    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), model.state_dict().values(), strict=True))
+    pairs = zip(built.state_dict().values(), model.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     loaded, loaded_tokenizer = load_model(ModelSettings(str(tmp_path), device="cpu"))
