@@ -4,7 +4,7 @@
     python eval.py --model Qwen/Qwen2.5-1.5B-Instruct --instructions parallel --paths 2 \\
         --benchmarks gsm8k,math500,aime24,aime25,amc23 --samples 16 --max-new-tokens 4096 \\
         --max-path-tokens 2048 --temperature 1.0 --limit 100 --out runs/eval-qwen
-    python eval.py --model tiny:toy --benchmarks toy:easy:heldout,gsm8k --limit 8   # machinery only
+    python eval.py --model toy:model --benchmarks toy:easy:heldout,gsm8k --limit 8   # machinery only
     python eval.py --compare runs/eval-a/summary.json runs/eval-b/summary.json
     python eval.py --rescore runs/eval/samples.jsonl --reward accuracy:1,format:0.2 [--reward-file f.py]
 
@@ -59,7 +59,7 @@ TOY_RUN_MODEL = "runs/default/4-rl-hard/final"  # what `python train.py` leaves
 @dataclass
 class EvalConfig(SamplerSettings):
     # what to evaluate
-    model: str = TOY_RUN_MODEL  # hub id, local folder, nanopar checkpoint (LoRA adapter), or tiny:toy / tiny:qwen3
+    model: str = TOY_RUN_MODEL  # hub id, local folder, nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
     benchmarks: str = "toy:easy:heldout,toy:hard:heldout"  # comma list: gsm8k, math500, aime24, aime25, amc23, .jsonl, hub name, toy:...
     question_field: str = ""  # question field of .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # gold answer field ("" = answer)
@@ -118,7 +118,7 @@ def run(config: EvalConfig, console: Console) -> dict:
         raise NanoparError("no benchmark: give --benchmarks, a comma list")
     if config.model == TOY_RUN_MODEL and not Path(TOY_RUN_MODEL).exists():
         raise NanoparError(f"no model at {TOY_RUN_MODEL}: run `python train.py` first (the toy curriculum), "
-                           "or give --model (hub id, folder, checkpoint, or tiny:toy for a random toy model)")
+                           "or give --model (hub id, folder, checkpoint, or toy:model for a random toy model)")
     model, tokenizer = load_model(ModelSettings(config.model, dtype=config.dtype, device=config.device,
                                                 load_in_4bit=config.load_in_4bit))
     policy = Policy.of(tokenizer, config.mode, config.temperature)

@@ -1,38 +1,34 @@
-"""Problems: the unit of data every stage reads (SFT traces, RL prompts, evaluation).
-
-One loader for three kinds of source, all ending as a list of `Problem`:
+"""Problems, the unit of data every stage reads, and SFT traces, from four kinds of source:
 
     load_problems("aime24")                       # a benchmark shipped in nanopar/benchmarks/
-    load_problems("data/my_set.jsonl")             # JSON Lines, one record per line
-    load_problems("prompts.txt")                   # plain text, one question per line, no answers
+    load_problems("data/my_set.jsonl")             # JSON Lines (or .txt: a question a line)
     load_problems("openai/gsm8k:main", split="test")   # a hub data set (owner/name[:config])
-    load_problems("toy:easy")                     # the toy world's generated problems (toy.py)
+    load_problems("toy:easy")                     # a registered source (here the toy world)
+    load_traces("toy:parallel") / load_traces("traces.jsonl")   # question/answer/response records
 
-Shipped benchmarks (offline, see nanopar/benchmarks/README.md): gsm8k (test, 1,319), gsm8k_train
-(7,473), math500, aime24, aime25, amc23. Large training sets (DAPO-Math-17k) are not shipped:
-give a path or a hub name.
+Sources are the plug-in point for synthetic worlds: `SOURCES` maps a spec prefix to a `Source`
+(problems, teacher traces, optionally a model for `model.load_model`, e.g. "toy:model"), or to
+"module:attribute" imported on first use, so nothing general imports the toy. Yours:
+`register_source("maze", Source(problems=...))`, and "maze:small" works wherever a spec does.
 
-Field mapping: the question is the record's "question", "problem" or "prompt" field (the first
-present), the gold answer its "answer" field; name others with `question_field=` /
-`answer_field=` (`answer_field=""`: records without answers, e.g. prompts to sample). The id is
-the record's "id" or "unique_id", else "<name or file stem>:<line>". Every other field lands in
-`Problem.extra`. Bad input is never skipped: a malformed line, a record that is not an object,
-a missing field or a missing file is a one-line `NanoparError` that says where.
-
-`read_jsonl` / `write_jsonl` (atomic) are the plain JSON Lines helpers the trainer and the
-cold-start data generation use. Prompts (instructions + chat template) live in `prompts.py`.
+Records map by field: question = "question" / "problem" / "prompt", answer = "answer" (or name
+them), id = "id" / "unique_id" or "<name>:<line>", the rest into `Problem.extra`. Bad input is
+never skipped: it is a one-line `NanoparError` that says where. `read_jsonl` / `write_jsonl`
+(atomic) are the plain JSON Lines helpers. Prompts live in `prompts.py`; large training sets
+(DAPO-Math-17k) are not shipped (give a path or a hub name).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from . import NanoparError
 
@@ -44,6 +40,56 @@ class Problem:
     answer: str  # the gold answer as the data set gives it (GSM8K: solution ending "#### 42")
     source: str = ""  # where it came from: a file path, a hub name, "toy-easy", ...
     extra: dict = field(default_factory=dict)  # any other fields of the record (e.g. a teacher trace)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A plug-in world behind a spec prefix: what "<prefix>:..." names in `load_problems`,
+    `load_traces` and `model.load_model`. Each function gets the whole spec and raises a
+    NanoparError naming the valid ones for a spec it does not know."""
+
+    problems: Callable[[str], list[Problem]]  # "toy:easy" -> problems
+    traces: Callable[[str], list[dict]] | None = None  # "toy:parallel" -> SFT records (question, answer, response)
+    model: Callable[[str, Any, str], tuple] | None = None  # (name, dtype, attn_implementation) -> (model, tokenizer)
+    model_names: tuple[str, ...] = ()  # the names `model` builds ("toy:model"), listed in errors
+
+
+# spec prefix -> Source, or "module:attribute" of one, imported on first use (then stored here)
+SOURCES: dict[str, Source | str] = {"toy": "nanopar.toy:SOURCE"}
+
+
+def register_source(prefix: str, source: Source | str) -> None:
+    """Serve every spec "<prefix>:..." from `source`, or from the Source a "module:attribute"
+    string names (imported on first use); an earlier source of that prefix is replaced."""
+    if not prefix or ":" in prefix or not isinstance(source, (Source, str)):
+        raise NanoparError(f"register_source takes a prefix without ':' and a Source, not {prefix!r}, {source!r}")
+    SOURCES[prefix] = source
+
+
+def source_for(spec: str) -> Source | None:
+    """The registered source of a spec's prefix ("toy:easy" -> the toy world's), else None."""
+    prefix, colon, _ = spec.partition(":")
+    if not colon or prefix not in SOURCES:
+        return None
+    if isinstance(SOURCES[prefix], str):
+        SOURCES[prefix] = resolve(SOURCES[prefix], Source)
+    return SOURCES[prefix]
+
+
+def resolve(entry: str, kind: type | None = None):
+    """The object a "module:attribute" string names, imported now; one of `kind` (a type) if given.
+
+    >>> resolve("nanopar.data:Problem") is Problem
+    True
+    """
+    module, _, attribute = entry.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as error:
+        raise NanoparError(f"cannot load the plug-in {entry!r}: {error}") from None
+    if kind is not None and not isinstance(found, kind):
+        raise NanoparError(f"the plug-in {entry!r} is a {type(found).__name__}, not a {kind.__name__}")
+    return found
 
 
 BENCHMARK_DIR = Path(__file__).with_name("benchmarks")
@@ -72,20 +118,21 @@ def load_problems(
     limit: int | None = None,
     split: str = "train",
 ) -> list[Problem]:
-    """Problems from a shipped benchmark name, a .jsonl / .txt file, or a hub data set.
+    """Problems from a registered source ("toy:easy"), a shipped benchmark name, a .jsonl / .txt
+    file, or a hub data set.
 
-    `question_field` / `answer_field` name the record fields (defaults above); `limit` keeps the
-    first N problems; `split` is used for hub data sets only (files have no splits).
+    `question_field` / `answer_field` name the record fields (defaults above; `answer_field=""`:
+    records without answers, e.g. prompts to sample); `limit` keeps the first N problems; `split`
+    is used for hub data sets only (files have no splits).
 
     >>> [(p.id, p.answer) for p in load_problems("aime24", limit=2)]
     [('aime24:1', '204'), ('aime24:2', '113')]
     """
     if limit is not None and limit < 0:
         raise NanoparError(f"limit must be >= 0, not {limit}")
-    if spec.startswith("toy:"):  # the toy world's generated problems (nanopar/toy.py)
-        from .toy import toy_problems
-
-        return toy_problems(spec)[:limit]
+    source = source_for(spec)
+    if source is not None:
+        return source.problems(spec)[:limit]
     if spec in BENCHMARKS:
         file, default_question, default_answer = BENCHMARKS[spec]
         path = BENCHMARK_DIR / file
@@ -106,6 +153,28 @@ def load_problems(
     if HUB_NAME.match(spec) and not spec.endswith(FILE_SUFFIXES) and not path.exists():
         return _load_hub(spec, question_field, answer_field, limit, split)
     raise NanoparError(f"benchmark or file not found: {spec} (known benchmarks: {', '.join(BENCHMARKS)})")
+
+
+def load_traces(spec: str | Path) -> list[dict]:
+    """SFT traces: a registered source's ("toy:parallel"), or every record of a .jsonl file.
+
+    A record needs string fields question and response (answer and id are optional); a record
+    without them, or a missing file, is a one-line NanoparError.
+    """
+    source = source_for(spec) if isinstance(spec, str) else None
+    if source is not None:
+        if source.traces is None:
+            raise NanoparError(f"{spec}: the source {spec.partition(':')[0]!r} has no traces")
+        return source.traces(spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise NanoparError(f"traces not found: {path}")
+    records = []
+    for number, record in _numbered_jsonl(path):
+        if not isinstance(record.get("question"), str) or not isinstance(record.get("response"), str):
+            raise NanoparError(f"{path}:{number}: a trace needs string fields question and response")
+        records.append(record)
+    return records
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -1,23 +1,15 @@
 """Grading answers: find the model's final answer, find the gold answer, judge equivalence.
 
-Three steps, each a small function:
+  extract_answer(text)   the last `\\boxed{...}` / `\\fbox{...}` or `Final Answer: ...` line
+                         (`FINAL_ANSWER_LINE`), whichever comes last; answers inside <Path>s count.
+  gold_answer(problem)   GSM8K's "... #### 1,200" gives "1200"; other answers are used as they are.
+  grade(text, problem)   both parsed by `math-verify` and compared with its `verify`: a `Grade`.
 
-  extract_answer(text)   the model's final answer: the last `\\boxed{...}` / `\\fbox{...}` or
-                         `Final Answer: ...` line in the text (whichever comes last; a box inside
-                         the Final Answer line wins over the line). Answers inside <Path>s count
-                         like any other text: the last answer in the text wins.
-  gold_answer(problem)   the gold answer as a string: GSM8K's worked solution "... #### 1,200"
-                         gives "1200"; any other data set's answer is used as it is.
-  grade(text, problem)   both strings parsed to SymPy by `math-verify` and compared with its
-                         `verify` (numbers, fractions, intervals, sets, tuples, equations, units,
-                         percentages, \\text{...} answers): a `Grade(correct, extracted, error)`.
-
-Every failure is a `Grade` with `correct=False` and a short `error` ("no answer found", a parse
-timeout, a gold answer that is not math...), so that callers count them rather than hide them.
-
-math-verify times out with SIGALRM, which only works on the main thread: `grade` raises
-`NanoparError` off the main thread unless the caller passes `timeout_s=None`, which turns the
-timeout off (and the caller must bound the time some other way).
+Exact checkers are the plug-in point for synthetic worlds: a problem whose extra["checker"] names
+one in `CHECKERS` ("countdown" -> "nanopar.toy:grade_countdown", imported on first use) is graded
+by it instead: `register_checker("maze", fn)` with `fn(response_text, problem) -> Grade`.
+Every failure is a `Grade` with `correct=False` and a short `error`, counted by callers, never
+hidden. math-verify times out with SIGALRM (main thread only): off it, pass `timeout_s=None`.
 
 Left out: LLM judges, multiple-choice letter matching beyond what math-verify does, unit
 conversion ("2 m" = "200 cm" is wrong here), answers written only in words ("three").
@@ -29,12 +21,13 @@ import math
 import re
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
 from . import NanoparError
-from .data import Problem
+from .data import Problem, resolve
 
 
 @dataclass(frozen=True)
@@ -47,14 +40,16 @@ class Grade:
 # ----------------------------------------------------------------------------- extraction
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# the rest of the line, up to a tag: "Final Answer: 18</Summary>" (answer written inside a block) is "18"
-_FINAL_LINE = re.compile(r"final answer\s*:\s*((?:(?!</?[A-Za-z][\w-]*>)[^\n])*)", re.IGNORECASE)
+# the one "Final Answer:" pattern (toy.py reads its answers with it too): group 1 is the rest of the
+# line up to a tag, so "Final Answer: 18</Summary>" (an answer written inside a block) gives "18"
+FINAL_ANSWER_LINE = re.compile(r"final answer\s*:\s*((?:(?!</?[A-Za-z][\w-]*>)[^\n])*)", re.IGNORECASE)
 _NUMBER_THEN_WORDS = re.compile(r"^(-?[\d,]*\.?\d+)\s+(?:[A-Za-z]{2,}\s*)+$")  # "18 dollars"
 _LEADING_PHRASE = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
 
 
 def extract_answer(text: str) -> str | None:
-    """The model's final answer, or None.
+    """The model's final answer, or None: the last box or Final Answer line in the text (a box
+    inside the Final Answer line wins over the line; the last answer wins, inside a path or not).
 
     >>> extract_answer(r"so $x=\\frac{1}{2}$, hence \\boxed{\\frac{1}{\\sqrt{2}}} and done")
     '\\\\frac{1}{\\\\sqrt{2}}'
@@ -67,7 +62,7 @@ def extract_answer(text: str) -> str | None:
     """
     box_at, box = _last_box(text)
     line_at, line = -1, None
-    for m in _FINAL_LINE.finditer(text):
+    for m in FINAL_ANSWER_LINE.finditer(text):
         cleaned = _clean_final_line(m.group(1))
         if cleaned:
             line_at, line = m.start(), cleaned
@@ -144,8 +139,11 @@ _PARSE_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
 def grade(response_text: str, problem: Problem, timeout_s: int | None = 5) -> Grade:
     """Judge the response's final answer against the problem's gold answer.
 
-    Problems that name a checker (`problem.extra["checker"] == "countdown"`: the toy world) are
-    judged by it exactly; everything else by math-verify.
+    math-verify compares numbers, fractions, intervals, sets, tuples, equations, units,
+    percentages and \\text{...} answers; an answer that is not math is compared as text.
+
+    A problem that names a checker (`problem.extra["checker"]`, e.g. "countdown": the toy world)
+    is judged by that checker of `CHECKERS`; everything else by math-verify.
 
     `timeout_s` bounds each math-verify parse and comparison (seconds, SIGALRM, main thread
     only); None turns it off.
@@ -161,13 +159,8 @@ def grade(response_text: str, problem: Problem, timeout_s: int | None = 5) -> Gr
             "grade() with a timeout must run on the main thread (math-verify uses SIGALRM); "
             "call it there, or pass timeout_s=None and bound the time yourself"
         )
-    if problem.extra.get("checker") == "countdown":  # the toy world checks its answers exactly
-        from .toy import check_countdown, extract_toy_answer
-
-        extracted = extract_toy_answer(response_text)
-        if extracted is None:
-            return Grade(False, None, "no answer found")
-        return Grade(check_countdown(extracted, problem), extracted)
+    if problem.extra.get("checker") is not None:  # an exact checker (the toy world's countdown)
+        return checker_named(problem.extra["checker"], problem.id)(response_text, problem)
     timeout = None if timeout_s is None else max(1, math.ceil(timeout_s))  # alarm() takes whole seconds
     extracted = extract_answer(response_text)
     if extracted is None:
@@ -186,6 +179,33 @@ def grade(response_text: str, problem: Problem, timeout_s: int | None = 5) -> Gr
     elif error is None and not _has_math(pred):
         error = "answer is not math (compared as text)"
     return Grade(False, extracted, error)
+
+
+# ----------------------------------------------------------------------------- exact checkers
+
+Checker = Callable[[str, Problem], Grade]  # (response text, problem) -> Grade
+# checker name (a problem's extra["checker"]) -> Checker, or "module:attribute" of one, imported on first use
+CHECKERS: dict[str, Checker | str] = {"countdown": "nanopar.toy:grade_countdown"}
+
+
+def register_checker(name: str, checker: Checker | str) -> None:
+    """Grade every problem whose extra["checker"] is `name` with `checker` (replacing an earlier one)."""
+    if not isinstance(name, str) or not (callable(checker) or isinstance(checker, str)):
+        raise NanoparError(f"register_checker takes a name and a function, not {name!r}, {checker!r}")
+    CHECKERS[name] = checker
+
+
+def checker_named(name: str, problem_id: str = "") -> Checker:
+    """The checker registered as `name`; an unknown name is an error, never a fallback to math-verify."""
+    if name not in CHECKERS:
+        where = f" (problem {problem_id})" if problem_id else ""
+        raise NanoparError(f"unknown checker {name!r}{where}: use one of {', '.join(CHECKERS)}")
+    if isinstance(CHECKERS[name], str):
+        found = resolve(CHECKERS[name])
+        if not callable(found):
+            raise NanoparError(f"the checker {CHECKERS[name]!r} is a {type(found).__name__}, not a function")
+        CHECKERS[name] = found
+    return CHECKERS[name]
 
 
 def _parse(answer: str, timeout: int | None) -> tuple[list, str | None]:

@@ -2,10 +2,9 @@
 
 What it implements:
   - `ModelSettings`, one flat dataclass of everything that decides how a model is loaded;
-  - `load_model`: tokenizer + causal LM from a hub id, a local folder, or a nanopar checkpoint
-    folder holding a LoRA adapter (its base model is loaded first, then the adapter);
-  - `add_tag_tokens`: the six tags as single tokens, their embedding rows initialised to the mean
-    of the pieces the tag text used to split into (deterministic, so a reload reproduces it);
+  - `load_model`: tokenizer + causal LM from a hub id, a local folder, a nanopar checkpoint
+    folder holding a LoRA adapter (its base model is loaded first, then the adapter), or a name
+    built from code ("tiny:qwen3"; "toy:model" through `data.SOURCES`), the tags added as tokens;
   - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
   - `save_checkpoint_model` and `disable_bnb_cpu_repack`.
 
@@ -24,8 +23,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from . import NanoparError
-from .tags import PARALLEL_R1, TagIds, TagSchema
-from .tiny import TINY_PREFIX, tiny_named
+from .tags import PARALLEL_R1, TagIds, TagSchema, add_tag_tokens
+from . import data
+from .tiny import TINY_MODELS, TINY_PREFIX, tiny_named
 
 # bitsandbytes warns at import, on CPUs with AVX512-BF16, that an optional `kernels` package for
 # its repacked 4-bit CPU path is missing; nanopar turns that path off (`disable_bnb_cpu_repack`),
@@ -84,7 +84,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     """
     device, dtype = resolve_device_and_dtype(settings)
     name, adapter_folder = settings.name_or_path, None
-    if name.startswith(TINY_PREFIX):
+    if _is_built(name):
         return _load_tiny(settings, device, dtype, schema)
     if os.path.isdir(name):
         if os.path.isfile(os.path.join(name, "adapter_config.json")):
@@ -94,8 +94,8 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
         elif not os.path.isfile(os.path.join(name, "config.json")):
             raise NanoparError(f"cannot load model {name!r}: the folder has no config.json "
                                "(nor adapter_config.json of a nanopar checkpoint)")
-    if name.startswith(TINY_PREFIX):  # a checkpoint trained from a tiny model
-        model, tokenizer = tiny_named(name, dtype, settings.attn_implementation)
+    if _is_built(name):  # a checkpoint trained from a built model
+        model, tokenizer = _built_model(name, dtype, settings.attn_implementation)
     else:
         tokenizer = _from_pretrained(AutoTokenizer, name)
         model = _from_pretrained(AutoModelForCausalLM, name, **_model_kwargs(settings, device, dtype))
@@ -122,11 +122,31 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     return model.eval(), tokenizer
 
 
+def _is_built(name: str) -> bool:
+    """Whether `name` is built from code rather than loaded: "tiny:..." or a data source's ("toy:model")."""
+    return name.startswith(TINY_PREFIX) or data.source_for(name) is not None
+
+
+def _built_model(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+    """(model, tokenizer) of a built model: "tiny:qwen2" / "tiny:qwen3" (nanopar.tiny) or the model
+    of the data source its prefix names (`data.SOURCES`: "toy:model" is the toy world's)."""
+    source = data.source_for(name)
+    if source is not None and source.model is not None:
+        return source.model(name, dtype, attn_implementation)
+    if name in TINY_MODELS:
+        return tiny_named(name, dtype, attn_implementation)
+    names = list(TINY_MODELS)
+    for prefix in list(data.SOURCES):  # imports every source: on this error path only
+        names += data.source_for(f"{prefix}:").model_names
+    kind = "tiny model" if name.startswith(TINY_PREFIX) else "model"
+    raise NanoparError(f"unknown {kind} {name!r}: use {', '.join(names[:-1])} or {names[-1]}")
+
+
 def _load_tiny(settings: ModelSettings, device: str, dtype: torch.dtype, schema: TagSchema):
-    """A "tiny:qwen2" / "tiny:qwen3" model (nanopar.tiny), with tags and LoRA as for any model."""
+    """A built model ("tiny:qwen3", "toy:model"; see `_built_model`), with tags and LoRA as for any model."""
     if settings.load_in_4bit:
         raise NanoparError("tiny models are not quantised: drop --load-in-4bit")
-    model, tokenizer = tiny_named(settings.name_or_path, dtype, settings.attn_implementation)
+    model, tokenizer = _built_model(settings.name_or_path, dtype, settings.attn_implementation)
     model.to(device)
     tag_ids = add_tag_tokens(tokenizer, model, schema)
     model.config._name_or_path = settings.name_or_path  # what a saved adapter names as its base
@@ -178,58 +198,10 @@ def disable_bnb_cpu_repack(model) -> int:
     return len(layers)
 
 
-def add_tag_tokens(tokenizer, model=None, schema: TagSchema = PARALLEL_R1) -> TagIds:
-    """Add the schema's tags to `tokenizer` as single tokens (and rows of `model`); return their ids.
-
-    Only tags the tokenizer lacks are added (`special_tokens=True`: never split, never
-    normalised; note `decode(..., skip_special_tokens=True)` drops them). When the model's
-    embedding has fewer rows than the tokenizer, it grows to a multiple of 64; the grown rows
-    start at the mean of the old rows. Each just-added tag's row (input embedding, and output
-    embedding when untied) starts at the mean of the rows of the pieces the tag text split into
-    before: "<Path>" -> mean("<Path", ">") in Qwen's tokenizer. Rows of tags the tokenizer
-    already had are left alone, since they may have been trained.
-    """
-    vocab = tokenizer.get_vocab()
-    new_tags = [tag for tag in schema.all() if tag not in vocab]
-    pieces = {tag: tokenizer.encode(tag, add_special_tokens=False) for tag in new_tags}
-    if new_tags:
-        tokenizer.add_tokens(new_tags, special_tokens=True)
-    tag_ids = TagIds.from_tokenizer(tokenizer, schema)
-    if model is not None:
-        _grow_embeddings(model, len(tokenizer))
-        with torch.no_grad():
-            for tag, piece_ids in pieces.items():
-                row = tokenizer.convert_tokens_to_ids(tag)
-                for weight in _embedding_matrices(model):
-                    weight[row] = weight[piece_ids].mean(dim=0)  # [d]
-    return tag_ids
-
-
-def _embedding_matrices(model) -> list[torch.Tensor]:
-    """The input embedding matrix, plus the output one when it is not tied to it: [V, d] each."""
-    weights = [model.get_input_embeddings().weight]
-    output = model.get_output_embeddings()
-    if output is not None and output.weight is not weights[0]:
-        weights.append(output.weight)
-    return weights
-
-
-def _grow_embeddings(model, n_tokens: int) -> None:
-    """Resize the embedding(s) to hold `n_tokens` rows (padded to 64); new rows = mean old row."""
-    old_rows = model.get_input_embeddings().weight.shape[0]
-    if old_rows >= n_tokens:
-        return
-    # transformers fills the new rows at random (either way); we overwrite them so a reload,
-    # which resizes again, gets the same rows without the adapter having to store the matrix.
-    model.resize_token_embeddings(n_tokens, pad_to_multiple_of=64, mean_resizing=False)
-    with torch.no_grad():
-        for weight in _embedding_matrices(model):
-            weight[old_rows:] = weight[:old_rows].mean(dim=0)  # [V_new - V_old, d]
-
-
 def _is_tied(model) -> bool:
     """Whether the output embedding (lm_head) shares its weight with the input embedding."""
-    return len(_embedding_matrices(model)) == 1
+    output = model.get_output_embeddings()
+    return output is None or output.weight is model.get_input_embeddings().weight
 
 
 def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):

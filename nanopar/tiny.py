@@ -1,14 +1,17 @@
-"""Tiny Qwen2 / Qwen3 models built from a config, for tests, demos and the toy world.
+"""Tiny Qwen2 / Qwen3 models built from a config, for tests and demos (the toy world builds on it).
 
 They are real `Qwen2ForCausalLM` / `Qwen3ForCausalLM` modules (same attention, rotary
 embeddings, RMSNorm, GQA) with a few thousand to a few million parameters, randomly
-initialised with a seed. `char_tokenizer` is a character-level tokenizer built with the
-`tokenizers` library, so `load_model("tiny:qwen3")` gives a model + tokenizer pair without any
-download (its text is noise: it is for trying the machinery). Not covered: Qwen's
-sliding-window or MoE variants.
+initialised with a seed. `word_tokenizer` builds a small tokenizer with the `tokenizers` library
+(whole words tried first, then one token per ASCII character); `char_tokenizer` is it without
+words, so `load_model("tiny:qwen3")` gives a model + tokenizer pair without any download (its
+text is noise: it is for trying the machinery). Not covered: Qwen's sliding-window or MoE variants.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Sequence
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -63,34 +66,48 @@ def tiny_qwen_model(seed: int = 0, dtype: torch.dtype = torch.float32, **config_
     return model.eval()
 
 
-TINY_PREFIX = "tiny:"  # load_model("tiny:qwen2" | "tiny:qwen3" | "tiny:toy"): a random tiny model, no download
+TINY_PREFIX = "tiny:"
+TINY_MODELS = ("tiny:qwen2", "tiny:qwen3")  # load_model(name): a random tiny model, no download
 EOS = "<|endoftext|>"
+
+
+def word_tokenizer(
+    words: Sequence[str] = (),  # whole-word tokens, tried before single characters, in this order
+    whitespace: str = "\n",  # the characters besides printable ASCII (space..~) that get a token
+    clean_up_tokenization_spaces: bool | None = None,  # None: transformers' default (not saved)
+) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer: EOS (also padding) and <unk>, then `words`, then one token per
+    printable ASCII character and per character of `whitespace`, ids in that order. Any text of
+    those characters round-trips exactly, spaces included.
+
+    >>> tokenizer = word_tokenizer(["yes"])
+    >>> tokenizer.convert_ids_to_tokens([0, 1, 2, 3, 4]), tokenizer.encode("yes!", add_special_tokens=False)
+    (['<|endoftext|>', '<unk>', 'yes', ' ', '!'], [2, 4])
+    """
+    chars = [chr(i) for i in range(32, 127)] + list(whitespace)
+    if len(set(words)) < len(words) or any(len(w) < 2 for w in words):  # each must be one more id
+        raise NanoparError(f"words must be distinct and longer than one character: {list(words)}")
+    vocab = {token: i for i, token in enumerate([EOS, "<unk>", *words, *chars])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    pieces = "|".join([*(re.escape(w) for w in words), "[\\s\\S]"])  # a word, else any one character
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(pieces), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()  # join the pieces back as they were
+    options = dict(eos_token=EOS, pad_token=EOS, unk_token="<unk>")
+    if clean_up_tokenization_spaces is not None:  # only when given: the value is saved with the tokenizer
+        options["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **options)
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per printable ASCII character and newline, plus EOS (also padding) and <unk>."""
-    chars = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {EOS: 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")  # every char
-    tokenizer.decoder = decoders.Fuse()  # join characters back without spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS, unk_token="<unk>")
+    return word_tokenizer()
 
 
 def tiny_named(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
-    """(model, tokenizer), randomly initialised with seed 0, for a name:
-    "tiny:qwen2" / "tiny:qwen3" (char tokenizer, vocabulary 128) or "tiny:toy" (the toy world's
-    ~0.8M-parameter Qwen3 and its tokenizer, nanopar/toy.py)."""
-    kind = name.removeprefix(TINY_PREFIX)
-    if kind == "toy":
-        from .toy import toy_model_config, toy_tokenizer
-
-        tokenizer = toy_tokenizer()
-        config = toy_model_config(tokenizer)
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-        return model.eval(), tokenizer
-    if kind not in ("qwen2", "qwen3"):
-        raise NanoparError(f"unknown tiny model {name!r}: use tiny:qwen2, tiny:qwen3 or tiny:toy")
-    model = tiny_qwen_model(arch=kind, vocab_size=128, dtype=dtype, attn_implementation=attn_implementation)
+    """(model, tokenizer) for "tiny:qwen2" / "tiny:qwen3": randomly initialised with seed 0, char
+    tokenizer, vocabulary 128."""
+    if name not in TINY_MODELS:
+        raise NanoparError(f"unknown tiny model {name!r}: use {' or '.join(TINY_MODELS)}")
+    model = tiny_qwen_model(arch=name.removeprefix(TINY_PREFIX), vocab_size=128, dtype=dtype,
+                            attn_implementation=attn_implementation)
     return model, char_tokenizer()

@@ -1,43 +1,20 @@
-"""The toy world: a Countdown-style task, its exact checker, a programmatic teacher, a tokenizer.
+"""The toy world: a Countdown-style task, its exact checker, a programmatic teacher, a tokenizer
+and a ~0.8M-parameter Qwen3, so the whole curriculum runs on a laptop CPU in minutes.
 
-The task: reach a target from a few numbers with + - *, each number used exactly once.
+Reach a target from a few numbers with + - *, each number used exactly once:
 
     question  "numbers 3 7 12 target 33"          answer  "(7*3)+12"
 
-  easy  3 numbers (the GSM8K analogue)     hard  4 numbers (the DAPO analogue)
-  numbers 1..9; every intermediate result (and so the target) a positive integer <= 100; no
-  division, so every route stays in the integers. The target is the value of a random legal
-  *route* (a sequence of steps, each combining two of the numbers left), so every problem has a
-  solution. Trying several routes side by side genuinely helps: an easy problem has <= 27 legal
-  routes and on average ~11% of them reach the target; a hard one ~280 routes, ~4% of them.
-  Small numbers keep the arithmetic a 0.8M model must learn small (about 3x fewer facts than
-  1..15 and <= 150), so pretraining reaches useful accuracy in a few CPU minutes.
+easy: 3 numbers (the GSM8K analogue), hard: 4 (the DAPO analogue); numbers 1..9, every
+intermediate result a positive integer <= 100. Trying several routes side by side genuinely
+helps: about 11% of an easy problem's legal routes reach its target, 4% of a hard one's. The
+teacher writes sequential traces (attempts one a line) and, for easy problems, parallel ones
+(one block of 3 paths, a summary); see "the teacher" below for both, with their lengths.
 
-Split: a problem belongs to the held-out split when a checksum of (sorted numbers, target) is
-0 mod 10, so `make_problems` (training, any seed; repeats allowed) and `heldout` (fixed seed,
-distinct problems) can never share a problem, whatever seeds are used.
-
-Checking: `check_countdown` parses the answer with a small recursive-descent parser (never
-`eval`): digits, + - * and parentheses, usual precedence, no unary minus. It checks the numbers
-and the value only; intermediates of the answer are not held to the generator's bound.
-
-The teacher writes one line per attempt, the comparison with the target written out (without
-it the feasibility study's model learned the arithmetic but said "yes" to wrong values), and
-stops after the attempt that checks out, which is the problem's own route (`extra["steps"]`);
-the other attempts are random legal routes that miss. The attempt that checks out turns its
-steps into the answer expression right there ("so (7*3)+12"), so a summary has only to copy the
-few tokens after "yes so" from whichever path holds them (a measured failure otherwise: a summary
-reads its paths at shared positions, and re-deriving the expression from the steps of one path
-of three was where a third of the cold-started model's answers went wrong):
-
-    sequential  12-7=5,5*3=15vs33no              parallel (easy only)  <Parallel><Path>12-7=5,5*3=15vs33no</Path>
-                7*3=21,21+12=33vs33yes so (7*3)+12     <Path>7*3=21,21+12=33vs33yes so (7*3)+12</Path>...</Parallel>
-                Final Answer: (7*3)+12                 <Summary>(7*3)+12</Summary>
-                                                       Final Answer: (7*3)+12
-Lengths in `toy_tokenizer` tokens (600 traces each): easy sequential mean ~51 / max ~85, hard
-sequential ~62 / ~94, easy parallel ~84 / ~92; tests/test_toy.py holds them <= 130.
-Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
-alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\\n").
+The general modules reach this file only through two registry entries: `SOURCE`
+(data.SOURCES["toy"]: problems "toy:easy", traces "toy:parallel", the model "toy:model") and
+`grade_countdown` (grading.CHECKERS["countdown"]). Left out: division (routes stay in the
+integers), unary minus, larger numbers (1..15 and <= 150: ~3x more facts for the model to learn).
 """
 
 from __future__ import annotations
@@ -48,14 +25,14 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from . import NanoparError
-from .data import Problem
-from .model import add_tag_tokens
-from .tags import PARALLEL_R1
-from .tiny import tiny_qwen_config
+from .data import Problem, Source
+from .grading import FINAL_ANSWER_LINE, Grade
+from .tags import PARALLEL_R1, add_tag_tokens
+from .tiny import tiny_qwen_config, word_tokenizer
 
 
 @dataclass(frozen=True)
@@ -84,7 +61,8 @@ class Route:
 
 
 def routes(numbers, bound: int = 100) -> list[Route]:
-    """Every legal route over `numbers` (intermediates in 1..bound), without duplicates.
+    """Every legal route over `numbers` (intermediates in 1..bound), without duplicates: <= 27 for
+    3 numbers (on average ~11% of them reach a problem's target), ~280 for 4 (~4%).
 
     >>> [r.steps for r in routes([2, 3])]
     [('3+2=5',), ('3-2=1',), ('3*2=6',)]
@@ -125,7 +103,9 @@ def random_route(numbers, bound: int, rng: random.Random) -> Route:
 
 
 def is_heldout(numbers, target: int) -> bool:
-    """The split: held out when crc32("sorted numbers>target") is 0 mod 10 (about 10% of problems)."""
+    """The split: held out when crc32("sorted numbers>target") is 0 mod 10 (about 10% of problems),
+    so `make_problems` (training, any seed; repeats allowed) and `heldout` (fixed seed, distinct
+    problems) never share a problem, whatever seeds are used."""
     return zlib.crc32(f"{sorted(numbers)}>{target}".encode()) % 10 == 0
 
 
@@ -189,6 +169,8 @@ MAX_ANSWER_CHARS = 200  # longer answers are wrong (and keep the parser's recurs
 def evaluate(expression: str) -> tuple[int, list[int]]:
     """(value, numbers used) of an expression of integers, + - * and parentheses; ValueError if malformed.
 
+    A small recursive-descent parser (never `eval`): usual precedence, no unary minus.
+
     >>> evaluate("(3*7)+12"), evaluate("12+3*7"), evaluate("2-3")
     ((33, [3, 7, 12]), (33, [12, 3, 7]), (-1, [2, 3]))
     """
@@ -241,22 +223,24 @@ def _atom(tokens, at, used):  # atom := number | "(" sum ")"
 
 
 def extract_toy_answer(text: str | None) -> str | None:
-    """The rest of the line (up to a tag) after the last "Final Answer:", stripped; None when
-    absent or empty.
+    """The rest of the line (up to a tag) after the last "Final Answer:", stripped; None when absent
+    or empty. The line is found by `grading.FINAL_ANSWER_LINE` (any case, spaces around the colon),
+    but not cleaned up as math answers are: "(7*3)+12." is a wrong answer.
 
     >>> extract_toy_answer("7*3=21,21+12=33vs33yes\\nFinal Answer: (7*3)+12")
     '(7*3)+12'
     >>> extract_toy_answer("<Path>Final Answer: (7*3)+12</Path>")
     '(7*3)+12'
     """
-    found = re.findall(r"Final Answer:((?:(?!</?[A-Za-z][\w-]*>)[^\n])*)", text or "")
+    found = FINAL_ANSWER_LINE.findall(text or "")
     return (found[-1].strip() or None) if found else None
 
 
 def check_countdown(answer_text: str | None, problem: Problem) -> bool:
     """True when the answer uses each of the problem's numbers exactly once and equals its target.
 
-    A malformed expression is simply wrong (call `evaluate` to see why).
+    A malformed expression is simply wrong (call `evaluate` to see why). Only the numbers and the
+    value are checked: the answer's intermediates are not held to the generator's bound.
 
     >>> p = Problem("t", "numbers 3 7 12 target 33", "(7*3)+12", extra={"numbers": [3, 7, 12], "target": 33})
     >>> check_countdown("12+7*3", p), check_countdown("3*7+12+3", p), check_countdown("3*7+12)", p)
@@ -271,7 +255,33 @@ def check_countdown(answer_text: str | None, problem: Problem) -> bool:
     return value == problem.extra["target"] and sorted(used) == sorted(problem.extra["numbers"])
 
 
+def grade_countdown(response_text: str, problem: Problem) -> Grade:
+    """The "countdown" checker of `grading.CHECKERS`: the Final Answer line, checked exactly."""
+    extracted = extract_toy_answer(response_text)
+    if extracted is None:
+        return Grade(False, None, "no answer found")
+    return Grade(check_countdown(extracted, problem), extracted)
+
+
 # --------------------------------------------------------------------------- the teacher
+#
+# One line per attempt, its comparison with the target written out (without it the feasibility
+# study's model learned the arithmetic but said "yes" to wrong values), stopping after the attempt
+# that checks out: the problem's own route (`extra["steps"]`); the others are random legal routes
+# that miss. That attempt turns its steps into the answer right there ("yes so (7*3)+12"), so a
+# summary only copies the few tokens after "yes so" from the path that holds them (measured: a
+# summary reads its paths at shared positions, and re-deriving the expression from the steps of
+# one path of three was where a third of the cold-started model's answers went wrong):
+#
+#     sequential  12-7=5,5*3=15vs33no              parallel (easy only)  <Parallel><Path>12-7=5,5*3=15vs33no</Path>
+#                 7*3=21,21+12=33vs33yes so (7*3)+12     <Path>7*3=21,21+12=33vs33yes so (7*3)+12</Path>...</Parallel>
+#                 Final Answer: (7*3)+12                 <Summary>(7*3)+12</Summary>
+#                                                        Final Answer: (7*3)+12
+#
+# Lengths in `toy_tokenizer` tokens (600 traces each): easy sequential mean ~51 / max ~85, hard
+# sequential ~62 / ~94, easy parallel ~84 / ~92; tests/test_toy.py holds them <= 130.
+# Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
+# alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\n").
 
 
 def attempt_text(route: Route, target: int) -> str:
@@ -326,26 +336,19 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
 # --------------------------------------------------------------------------- tokenizer and model
 
 
-EOS = "<|endoftext|>"
 WORDS = [FINAL, "numbers", "target", "yes", "no", "vs", " so "]  # whole tokens; everything else is a character
 
 
 def toy_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer: the task's words, then one token per printable ASCII character and
-    newline, so any ASCII text round-trips exactly (spaces included); the six tags are single
-    (special) tokens, added last. EOS is also the pad token, as in `tiny.char_tokenizer` and base
-    Qwen: nanopar never infers a loss mask from padding, every batch carries an explicit mask.
+    """A word-level tokenizer (`tiny.word_tokenizer`): the task's words, then one token per
+    printable ASCII character, tab and newline, so any ASCII text round-trips exactly (spaces
+    included); the six tags are single (special) tokens, added last. EOS is also the pad token, as
+    in `tiny.char_tokenizer` and base Qwen: nanopar never infers a loss mask from padding, every
+    batch carries an explicit mask.
     """
-    chars = [chr(i) for i in range(32, 127)] + ["\t", "\n"]
-    vocab = {token: i for i, token in enumerate([EOS, "<unk>", *WORDS, *chars])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    words = "|".join(re.escape(w) for w in WORDS)  # tried before single characters
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|[\\s\\S]"), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()  # join the pieces back as they were
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS,
-                                      unk_token="<unk>", clean_up_tokenization_spaces=False)
-    add_tag_tokens(wrapped)
-    return wrapped
+    tokenizer = word_tokenizer(WORDS, whitespace="\t\n", clean_up_tokenization_spaces=False)
+    add_tag_tokens(tokenizer)
+    return tokenizer
 
 
 def toy_model_config(tokenizer=None, hidden_size: int = 128, num_layers: int = 4):
@@ -357,6 +360,20 @@ def toy_model_config(tokenizer=None, hidden_size: int = 128, num_layers: int = 4
                               intermediate_size=3 * hidden_size, max_positions=1024)
     config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
     return config
+
+
+MODEL_NAME = "toy:model"  # what `model.load_model` builds through SOURCE
+
+
+def toy_model(name: str = MODEL_NAME, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+    """(model, tokenizer): the toy model (`toy_model_config`) initialised with seed 0, eval mode."""
+    if name != MODEL_NAME:
+        raise NanoparError(f"unknown toy model {name!r}: use {MODEL_NAME}")
+    tokenizer = toy_tokenizer()
+    config = toy_model_config(tokenizer)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return model.eval(), tokenizer
 
 
 # --------------------------------------------------------------------------- as data for the stages
@@ -400,3 +417,7 @@ def teacher_traces(spec: str, n: int = 4000, seed: int = 3) -> list[dict]:
                             "response": write(problem, rng)})
     rng.shuffle(records)
     return records
+
+
+# the toy world as a data source (data.SOURCES["toy"]): "toy:easy" problems, "toy:parallel" traces, "toy:model"
+SOURCE = Source(problems=toy_problems, traces=teacher_traces, model=toy_model, model_names=(MODEL_NAME,))

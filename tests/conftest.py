@@ -24,10 +24,10 @@ from transformers import AutoTokenizer
 
 from nanopar import NanoparError, rewards
 from nanopar.data import read_jsonl
-from nanopar.model import ModelSettings, add_tag_tokens, load_model
+from nanopar.model import ModelSettings, load_model
 from nanopar.policy import policy_logprobs
 from nanopar.sampler import Rollout, RolloutStats
-from nanopar.tags import TagIds
+from nanopar.tags import TagIds, add_tag_tokens
 from nanopar.tiny import char_tokenizer, tiny_qwen_model
 from nanopar.trace import parse_ids, trace_stats
 

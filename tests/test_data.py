@@ -13,7 +13,7 @@ import pytest
 
 from conftest import one_line
 from nanopar import NanoparError
-from nanopar.data import BENCHMARK_DIR, BENCHMARKS, Problem, load_problems, read_jsonl, write_jsonl
+from nanopar.data import BENCHMARK_DIR, BENCHMARKS, Problem, load_problems, load_traces, read_jsonl, write_jsonl
 from nanopar.prompts import PARALLEL_INSTRUCTIONS, PLAIN_INSTRUCTIONS, build_prompt, parallel_instructions, stop_ids
 from nanopar.tags import PARALLEL_R1, TagIds, TagSchema
 
@@ -170,6 +170,22 @@ def test_hub_name_offline_is_a_one_line_error(tmp_path):
     message = done.stdout.strip()
     assert "\n" not in message
     assert message.startswith("could not load the hub data set nanopar-test/no-such-set (split test): ")
+
+
+# --------------------------------------------------------------------------- SFT traces
+
+
+def test_load_traces_reads_a_jsonl_file_and_names_the_bad_line(tmp_path):
+    records = [{"id": "a", "question": "q", "answer": "1", "response": "r"}, {"question": "q2", "response": "r2"}]
+    path = write_jsonl(tmp_path / "traces.jsonl", records)
+    assert load_traces(path) == records and load_traces(str(path)) == records
+    bad = write_lines(tmp_path / "bad.jsonl", [json.dumps(records[0]), "", '{"question": "q", "response": 3}'])
+    with pytest.raises(NanoparError) as error:
+        load_traces(bad)
+    assert one_line(error) == f"{bad}:3: a trace needs string fields question and response"  # the file's line
+    with pytest.raises(NanoparError) as error:
+        load_traces(str(tmp_path / "nope.jsonl"))
+    assert one_line(error) == f"traces not found: {tmp_path / 'nope.jsonl'}"
 
 
 # --------------------------------------------------------------------------- JSON Lines helpers

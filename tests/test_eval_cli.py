@@ -37,13 +37,13 @@ def check_files_agree(out: Path, benchmarks: list[str], samples: int) -> tuple[d
 
 def test_tiny_model_end_to_end(tmp_path):
     out = tmp_path / "run"
-    summary = eval_script.main(["--model", "tiny:toy", "--benchmarks", "toy:easy:heldout,aime24", "--limit", "2",
+    summary = eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout,aime24", "--limit", "2",
                                 "--samples", "2", "--max-new-tokens", "32", "--max-path-tokens", "12",
                                 "--batch-size", "1", "--out", str(out)])
     saved, records = check_files_agree(out, ["toy:easy:heldout", "aime24"], samples=2)
     assert saved == json.loads(json.dumps(summary))
     config = json.loads((out / "config.json").read_text())
-    assert config["model"] == "tiny:toy" and config["samples"] == 2 and config["max_new_tokens"] == 32
+    assert config["model"] == "toy:model" and config["samples"] == 2 and config["max_new_tokens"] == 32
     assert [(r["benchmark"], r["sample"]) for r in records] == [(b, s) for b in ("toy:easy:heldout", "aime24")
                                                                 for _ in range(2) for s in range(2)]
     for metrics in saved["benchmarks"].values():
@@ -56,12 +56,12 @@ def test_tiny_model_end_to_end(tmp_path):
 
 
 def test_scripted_run_rescoring_reproduces_the_accuracy(tmp_path, monkeypatch, capsys):
-    """The sampler replaced by scripted responses (toy_tokenizer = tiny:toy's), so accuracy is 1/3."""
+    """The sampler replaced by scripted responses (toy_tokenizer = toy:model's), so accuracy is 1/3."""
     from nanopar.toy import toy_tokenizer
 
     scripted(monkeypatch, toy_tokenizer(), [(p, text, finish) for p, text, finish, _ in SCRIPT])
     out = tmp_path / "run"
-    eval_script.main(["--model", "tiny:toy", "--benchmarks", "toy:easy:heldout,aime24", "--limit", "1",
+    eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout,aime24", "--limit", "1",
                       "--samples", "3", "--pass-k", "2", "--out", str(out)])
     saved, records = check_files_agree(out, ["toy:easy:heldout", "aime24"], samples=3)
     shown = capsys.readouterr().out
@@ -125,14 +125,14 @@ def test_every_config_field_has_a_comment():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--model", "tiny:toy", "--benchmarks", "gsm8k,nope.jsonl"],
+        (["--model", "toy:model", "--benchmarks", "gsm8k,nope.jsonl"],
          "benchmark or file not found: nope.jsonl (known benchmarks: gsm8k"),
-        (["--model", "tiny:toy", "--benchmarks", "{fields}"], "{fields}:1: no question/problem/prompt field (fields there: query, solution)"),
-        (["--model", "tiny:toy", "--benchmarks", "{fields}", "--question-field", "query"],
+        (["--model", "toy:model", "--benchmarks", "{fields}"], "{fields}:1: no question/problem/prompt field (fields there: query, solution)"),
+        (["--model", "toy:model", "--benchmarks", "{fields}", "--question-field", "query"],
          "{fields}:1: no answer field (fields there: query, solution)"),
-        (["--model", "tiny:toy", "--samples", "2", "--pass-k", "4"], "--pass-k must be between 1 and --samples (2)"),
-        (["--model", "tiny:toy", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
-        (["--model", "tiny:toy", "--instructions", "parallell"], "unknown instructions 'parallell'"),
+        (["--model", "toy:model", "--samples", "2", "--pass-k", "4"], "--pass-k must be between 1 and --samples (2)"),
+        (["--model", "toy:model", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
+        (["--model", "toy:model", "--instructions", "parallell"], "unknown instructions 'parallell'"),
         (["--benchmarks", "aime24"], "no model at runs/default/4-rl-hard/final: run `python train.py` first"),
         (["--rescore", "{missing}"], "file not found: {missing}"),
         (["--rescore", "{samples}", "--reward", "acuracy"], "unknown reward 'acuracy'; known: accuracy"),
@@ -156,7 +156,7 @@ def test_bad_input_is_one_line_naming_what_is_missing(args, message, tmp_path, m
 
 
 def test_the_script_prints_an_error_as_one_line():
-    result = run_script("eval.py", "--model", "tiny:toy", "--benchmarks", "missing.jsonl")
+    result = run_script("eval.py", "--model", "toy:model", "--benchmarks", "missing.jsonl")
     assert result.returncode == 1
     assert result.stderr == ("error: benchmark or file not found: missing.jsonl "
                              "(known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23)\n")

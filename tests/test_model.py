@@ -20,8 +20,8 @@ from transformers import PreTrainedTokenizerFast
 from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder
 from nanopar import NanoparError
 from nanopar import model as nm
-from nanopar.model import ModelSettings, add_tag_tokens, apply_lora, load_model, save_checkpoint_model
-from nanopar.tags import PARALLEL_R1, TagIds
+from nanopar.model import ModelSettings, apply_lora, load_model, save_checkpoint_model
+from nanopar.tags import PARALLEL_R1, TagIds, add_tag_tokens
 from nanopar.tiny import tiny_qwen_model
 
 # peft 0.21.2 still asks transformers 5 for the deprecated `is_gradient_checkpointing`.

@@ -46,7 +46,7 @@ def test_prompts_from_text_and_jsonl_files(tmp_path):
     "args, message",
     [
         (["--model", "tiny:qwen3", "--prompts-file", "missing.jsonl"], "benchmark or file not found: missing.jsonl (known benchmarks: gsm8k"),
-        (["--model", "tiny:qwen4", "--prompt", "x"], "unknown tiny model 'tiny:qwen4': use tiny:qwen2, tiny:qwen3 or tiny:toy"),
+        (["--model", "tiny:qwen4", "--prompt", "x"], "unknown tiny model 'tiny:qwen4': use tiny:qwen2, tiny:qwen3 or toy:model"),
         (["--prompt", "x"], "--model is required"),
         (["--model", "tiny:qwen3", "--prompt", "x", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
         (["--model", "tiny:qwen3", "--prompt", "x", "--mode", "seen"], "unknown attention mode 'seen'"),

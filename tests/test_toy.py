@@ -258,6 +258,17 @@ def test_tokenizer_round_trips_every_trace_and_tags_are_single_tokens(traces, to
     assert tokenizer.decode(tokenizer.encode(odd, add_special_tokens=False)) == odd
 
 
+def test_tokenizer_ids_are_pinned(tokenizer):
+    """The ids a trained toy checkpoint depends on: EOS, the words, the characters, tab, newline, tags."""
+    pinned = {"<|endoftext|>": 0, "<unk>": 1, FINAL: 2, "numbers": 3, " so ": 8, " ": 9, "0": 25, "~": 103,
+              "\t": 104, "\n": 105, "<Parallel>": 106, "</Summary>": 111}
+    assert {token: tokenizer.convert_tokens_to_ids(token) for token in pinned} == pinned and len(tokenizer) == 112
+    text = "numbers 3 target 33\nyes so 3\tFinal Answer: 3<Path>"
+    ids = [3, 9, 28, 9, 4, 9, 28, 28, 105, 5, 8, 28, 104, 2, 9, 28, 108]
+    assert tokenizer.encode(text, add_special_tokens=False) == ids and tokenizer.decode(ids) == text
+    assert tokenizer.clean_up_tokenization_spaces is False
+
+
 def test_token_lengths_within_bounds(traces, tokenizer):
     for kind, pairs in traces.items():
         lengths = [len(tokenizer.encode(trace, add_special_tokens=False)) for _, trace in pairs]
@@ -274,6 +285,10 @@ def test_model_config_and_a_checkpoint_folder_that_loads_like_any_model(traces, 
     model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())
     assert 0.7e6 < params < 0.9e6, params
+    built, built_tokenizer = load_model(ModelSettings("toy:model", device="cpu"))  # through data.SOURCES
+    assert built_tokenizer.get_vocab() == tokenizer.get_vocab() and built.config._name_or_path == "toy:model"
+    pairs = zip(built.state_dict().values(), model.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     loaded, loaded_tokenizer = load_model(ModelSettings(str(tmp_path), device="cpu"))

@@ -75,11 +75,11 @@ def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(tmp_path, monkey
     train.main(args)
     assert (tmp_path / "4-rl-hard" / "final").is_dir()
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["rl_easy_steps"] == 3 and config["model"] == "tiny:toy"
+    assert config["rl_easy_steps"] == 3 and config["model"] == "toy:model"
 
 
 def test_an_interrupted_save_leaves_no_checkpoint_folder(tmp_path, monkeypatch):
-    model, tokenizer = load_model(ModelSettings("tiny:toy"))
+    model, tokenizer = load_model(ModelSettings("toy:model"))
     save_checkpoint(tmp_path / "checkpoint-1", model, tokenizer, step=1)
 
     def disk_full(*args, **kwargs):
@@ -105,7 +105,7 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
     problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
 
     def fake_sample(model, prompts, policy, settings, eos, samples_per_prompt):
-        tokenizer = nanopar.runner.load_model(ModelSettings("tiny:toy"))[1]
+        tokenizer = nanopar.runner.load_model(ModelSettings("toy:model"))[1]
         rollouts = []
         for i, prompt in enumerate(prompts):
             problem = problems[tokenizer.decode(prompt).strip()]
