@@ -103,8 +103,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
         disable_bnb_cpu_repack(model)  # before any forward, see there
     tag_ids = add_tag_tokens(tokenizer, model, schema)
     if settings.gradient_checkpointing:
-        # Non-reentrant checkpointing needs no `enable_input_require_grads` hook.
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     # No peft `prepare_model_for_kbit_training`: it works on CPU (in float32 it only freezes the
     # weights, which get_peft_model does too, and turns on reentrant checkpointing), but on a GPU
     # it upcasts every bf16/fp16 weight that is not 4-bit to float32 (the 151,936 x d embedding,
@@ -150,9 +149,17 @@ def _load_tiny(settings: ModelSettings, device: str, dtype: torch.dtype, schema:
     model.to(device)
     tag_ids = add_tag_tokens(tokenizer, model, schema)
     model.config._name_or_path = settings.name_or_path  # what a saved adapter names as its base
+    if settings.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     if settings.lora:
         model = apply_lora(model, settings, tag_ids)
     return model.eval(), tokenizer
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each decoder layer's activations in backward instead of keeping them.
+    Non-reentrant checkpointing needs no `enable_input_require_grads` hook (LoRA, frozen embeddings)."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _model_kwargs(settings: ModelSettings, device: str, dtype: torch.dtype) -> dict:

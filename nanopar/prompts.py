@@ -16,7 +16,7 @@ Two instruction sets:
                          Our own wording of the idea of Parallel-R1's elicitation prompt.
   PLAIN_INSTRUCTIONS     step by step, no tags: the accuracy-only baselines.
 Both end with a line `Final Answer: ...`, the answer convention of Parallel-R1.
-The tags in a prompt are single tokens once `model.add_tag_tokens` has run; the layout reads a
+The tags in a prompt are single tokens once `tags.add_tag_tokens` has run; the layout reads a
 prompt as plain text either way.
 """
 

@@ -29,7 +29,7 @@ from rich.console import Console
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
 from .curriculum import Stage, TrainConfig
-from .data import Problem, load_problems, read_jsonl, write_jsonl  # TODO(merge) load_traces
+from .data import Problem, load_problems, load_traces, write_jsonl
 from .evaluation import evaluate, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
 from .metrics import MetricsLog
@@ -229,20 +229,14 @@ class Runner:
                 raise NanoparError(f"no problems in {spec}")
         return self._problems[spec]
 
-    def traces(self, stage: Stage) -> list[dict]:  # TODO(merge)
-        by_name = {s.name: s for s in self.stages}
-        if stage.traces.startswith("toy:"):
-            from .toy import teacher_traces
-            return teacher_traces(stage.traces)
-        path = self.folder(by_name[stage.traces]) / "traces.jsonl" if stage.traces in by_name else Path(stage.traces)
-        return read_jsonl(path)
-
-    def traces_new(self, stage: Stage) -> list[dict]:
+    def traces(self, stage: Stage) -> list[dict]:
         """The SFT traces: a distill stage's output, or a data spec (a .jsonl, toy:parallel, ...)."""
         by_name = {s.name: s for s in self.stages}
-        if stage.traces in by_name:
-            return load_traces(str(self.folder(by_name[stage.traces]) / "traces.jsonl"))
-        return load_traces(stage.traces)
+        spec = str(self.folder(by_name[stage.traces]) / "traces.jsonl") if stage.traces in by_name else stage.traces
+        try:
+            return load_traces(spec)
+        except NanoparError as error:  # the same error, saying which stage asked
+            raise NanoparError(f"{stage.name}: {error}") from None
 
     def sft_examples(self, stage: Stage, tokenizer) -> list[tuple[list[int], list[int]]]:
         """The traces as (prompt ids, response ids + EOS) pairs."""

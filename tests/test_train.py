@@ -210,14 +210,13 @@ def test_a_preset_sets_its_fields_but_explicit_flags_win():
 
 def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
     """With --gradient-checkpointing the model the runner trains recomputes each decoder layer in
-    backward (its forward runs twice per training step), and the gradients do not change."""
+    backward (the layer's MLP runs twice per training step), and the gradients do not change."""
     grads, calls = {}, {}
     for flags in ([], ["--gradient-checkpointing"]):
         config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
         model, tokenizer, policy = nanopar.runner.Runner(config, train.recipe(config)).load(config.model)
-        layer = model.model.layers[0]
-        count = []
-        layer.register_forward_hook(lambda *_: count.append(1))
+        mlp, count = model.model.layers[0].mlp, []  # counted in forward itself: hooks do not run in a recompute
+        mlp.forward = lambda *args, real=mlp.forward, **kwargs: count.append(1) or real(*args, **kwargs)
         model.train()
         ids = torch.tensor([tokenizer.encode("numbers 3 7 5 target 26\n(3*7)+5")])
         model(input_ids=ids, labels=ids).loss.backward()
