@@ -52,6 +52,33 @@ class GRPOSettings:
     max_grad_norm: float = 1.0  # clip the gradient norm to this (0 = no clipping)
 
 
+def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: list[list[int]], policy: Policy,
+              sampling: SamplerSettings, settings: GRPOSettings, reward: dict[str, float],
+              reference: Reference | None = None, scheduler=None) -> tuple[list[Rollout], dict]:
+    """One GRPO step on a batch of problems (with their prompt ids). -> (the rollouts, metrics)"""
+    G = settings.group_size
+    eos = stop_ids(model, tokenizer)
+    started = time.perf_counter()
+    rollouts = sample(model, prompts, policy, sampling, eos, G)  # [B * G], prompt-major
+    sampled = time.perf_counter()
+    owners = [problem for problem in problems for _ in range(G)]  # [B * G]
+    results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
+    rewards = torch.tensor([result.total for result in results])  # [B * G]
+    advantages = group_advantages(rewards, G, settings.advantage)  # [B * G]
+    keep = [i for i, result in enumerate(results) if result.format_ok or not settings.drop_invalid]
+    update = {}
+    if keep:
+        update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
+                             tokenizer.pad_token_id or 0, reference, scheduler)
+    trained = time.perf_counter()
+    tokens = sum(r.stats.new_tokens for r in rollouts)
+    return rollouts, rollout_metrics(rollouts, results, G) | update | {
+        "reward_spec": reward, "dropped_invalid": len(rollouts) - len(keep),
+        "sample_seconds": sampled - started, "train_seconds": trained - sampled,
+        "tokens_per_second": tokens / max(sampled - started, 1e-9),
+    }
+
+
 def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore", eps: float = 1e-6):
     """One advantage per response. rewards [N] (N = prompts x G, prompt-major) -> [N]
 
@@ -118,33 +145,6 @@ class Reference:
             with torch.no_grad():
                 for (p, _), value in zip(self.pairs, current):
                     p.copy_(value)
-
-
-def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: list[list[int]], policy: Policy,
-              sampling: SamplerSettings, settings: GRPOSettings, reward: dict[str, float],
-              reference: Reference | None = None, scheduler=None) -> tuple[list[Rollout], dict]:
-    """One GRPO step on a batch of problems (with their prompt ids). -> (the rollouts, metrics)"""
-    G = settings.group_size
-    eos = stop_ids(model, tokenizer)
-    started = time.perf_counter()
-    rollouts = sample(model, prompts, policy, sampling, eos, G)  # [B * G], prompt-major
-    sampled = time.perf_counter()
-    owners = [problem for problem in problems for _ in range(G)]  # [B * G]
-    results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
-    rewards = torch.tensor([result.total for result in results])  # [B * G]
-    advantages = group_advantages(rewards, G, settings.advantage)  # [B * G]
-    keep = [i for i, result in enumerate(results) if result.format_ok or not settings.drop_invalid]
-    update = {}
-    if keep:
-        update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
-                             tokenizer.pad_token_id or 0, reference, scheduler)
-    trained = time.perf_counter()
-    tokens = sum(r.stats.new_tokens for r in rollouts)
-    return rollouts, rollout_metrics(rollouts, results, G) | update | {
-        "reward_spec": reward, "dropped_invalid": len(rollouts) - len(keep),
-        "sample_seconds": sampled - started, "train_seconds": trained - sampled,
-        "tokens_per_second": tokens / max(sampled - started, 1e-9),
-    }
 
 
 def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Tensor, policy: Policy,

@@ -145,3 +145,46 @@ def test_sft_loss_is_the_mean_cross_entropy_of_response_tokens():
             logits = model(input_ids=ids[None]).logits[0]
             losses += F.cross_entropy(logits[len(prompt) - 1 : -1], ids[len(prompt) :], reduction="none").tolist()
     assert metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5) and metrics["tokens"] == 6
+
+
+def test_grpo_step_is_sample_score_advantages_drop_update():
+    """`grpo_step` against the same step written out by hand on a twin model: the same rollouts,
+    exactly the format-invalid ones dropped (PAPO), the same parameters after the update."""
+    import copy
+
+    from nanopar.format import check_format
+    from nanopar.grading import grade
+    from nanopar.grpo import grpo_step
+    from nanopar.model import ModelSettings, load_model
+    from nanopar.prompts import build_prompt, stop_ids
+    from nanopar.rewards import response_text
+    from nanopar.toy import toy_problems
+
+    model, tokenizer = load_model(ModelSettings("toy:model"))
+    policy = Policy.of(tokenizer)
+    bias_logits(model, dict.fromkeys(policy.tag_ids.all(), 1.5))  # some responses malformed, some not
+    twin = copy.deepcopy(model)
+    problems = toy_problems("toy:easy")[:3]
+    prompts = [build_prompt(p, tokenizer, "") for p in problems]
+    sampling = SamplerSettings(paths=3, max_new_tokens=40, max_path_tokens=8, seed=2)
+    settings = GRPOSettings(group_size=4, drop_invalid=True, micro_batch=5)
+    optimizer = make_optimizer(model, lr=1e-3)[0]
+    rollouts, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, sampling, settings,
+                                  {"format": 1.0, "accuracy": 0.5})
+
+    eos = stop_ids(twin, tokenizer)
+    again = sample(twin, prompts, policy, sampling, eos, 4)
+    assert [r.ids for r in again] == [r.ids for r in rollouts]
+    texts = [response_text(r, tokenizer, eos) for r in again]
+    owners = [p for p in problems for _ in range(4)]
+    valid = [check_format(text).ok for text in texts]
+    assert metrics["dropped_invalid"] == valid.count(False) > 0 and valid.count(True) > 0
+    rewards = torch.tensor([(1.0 if ok else -1.0) + 0.5 * (1.0 if grade(t, p).correct else -1.0)
+                            for ok, t, p in zip(valid, texts, owners)])
+    advantages = group_advantages(rewards, 4)
+    keep = [i for i, ok in enumerate(valid) if ok]
+    by_hand = grpo_update(twin, make_optimizer(twin, lr=1e-3)[0], [again[i] for i in keep], advantages[keep],
+                          policy, settings, tokenizer.pad_token_id)
+    assert metrics["loss"] == by_hand["loss"] and metrics["grad_norm"] > 0
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
