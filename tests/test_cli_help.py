@@ -21,3 +21,4 @@ def test_help_lists_every_flag(script, config, capsys):
         assert "--" + field.name.replace("_", "-") in text, field.name
     if script is train:
         assert '"cosine" (to 10%)' in " ".join(text.split())  # the comment, with its percent sign
+        assert "--gradient-checkpointing" in text and "--max-paths" not in text  # a GPU knob; a constant
