@@ -46,6 +46,8 @@ transformers.logging.disable_progress_bar()  # no "Writing model shards" bar at 
 
 
 class Runner:
+    """The stages of one recipe in one run folder: which to run, from what, and how to resume."""
+
     def __init__(self, config: TrainConfig, stages: list[Stage], console: Console | None = None):
         self.config = config
         self.stages = stages  # the whole recipe (inputs are found by position in it)
