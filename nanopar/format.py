@@ -1,4 +1,4 @@
-"""Algorithm 1 of Parallel-R1: the strict format check of a parallel-thinking trace.
+"""The judges of a trace: Parallel-R1's Algorithm 1, and what "a valid parallel trace" means.
 
 The rules, exactly as released (scan the tags in order with a stack):
   1. a closing tag must match the tag on top of the stack;
@@ -7,8 +7,10 @@ The rules, exactly as released (scan the tags in order with a stack):
   4. the stack is empty at the end;
   5. the number of <Summary> equals the number of </Parallel>.
 Text between tags is never inspected, and a trace without any tag is valid (and not parallel).
-This check is a judge (rewards, data filters). It does not decide how a malformed trace is
-attended to or sampled; the lenient reading in `trace.py` does that.
+Algorithm 1 accepts tags the lenient reading (`trace.py`: what the sampler and layout follow)
+treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So every reward,
+filter and metric that means "a valid parallel trace" asks `check_parallel` instead: Algorithm 1
+on the tags as read AND no stray tag AND not truncated AND at least one valid block.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .tags import PARALLEL_R1, TagSchema, find_tags
+from .trace import Trace, parse_trace
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,32 @@ def check_format(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
     'a <Parallel> block holds 1 <Path>; at least 2 are needed'
     """
     return check_tag_sequence([name for _, _, name in find_tags(text, schema)], schema)
+
+
+def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
+    """A valid parallel trace, the one definition: the `parallel` rewards, `npr_format`, PAPO's drop,
+    the distill filters and the parallel-ratio metric all ask this. A text is read first.
+
+    Judged on the reading (for a rollout: its token ids, as sampled and as the layout trains on
+    them). On a reading with no stray tag that is not truncated, Algorithm 1 holds exactly when
+    every block is valid; it is checked anyway, so the definition reads as the rule it is.
+
+    >>> check_parallel("a<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>b").ok
+    True
+    >>> check_parallel("<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s</Summary><Path>z</Path>")
+    FormatCheck(ok=False, reason='2 stray tag(s), first at offset 69')
+    >>> check_parallel("Final Answer: 4").reason
+    'no valid parallel block'
+    """
+    trace = parse_trace(trace, schema) if isinstance(trace, str) else trace
+    algorithm_1 = check_tag_sequence(trace.tags, schema)
+    if not algorithm_1:
+        return algorithm_1
+    if trace.error:  # stray tags, or the input ends inside a block or a summary
+        return FormatCheck(False, trace.error)
+    if not any(block.valid for block in trace.blocks):
+        return FormatCheck(False, "no valid parallel block")
+    return FormatCheck(True)
 
 
 def check_tag_sequence(names: list[str], schema: TagSchema = PARALLEL_R1) -> FormatCheck:

@@ -15,7 +15,8 @@ chain, `<Parallel>` inside a path, which means blocks never nest). Input that en
 or a summary is *truncated*, and its open path simply ends there.
 
 Positions are offsets in the input's units: characters for `parse_trace(text)`, tokens for
-`parse_ids(ids)`. Not here: the strict judge (`format.check_format`, Parallel-R1's Algorithm 1).
+`parse_ids(ids)`. Not here: the judges (`format.check_format`, Parallel-R1's Algorithm 1, and
+`format.check_parallel`, what "a valid parallel trace" means everywhere).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Trace:
     main: list[Span] = field(default_factory=list)  # main-chain text, outside blocks and summaries
     stray: list[int] = field(default_factory=list)  # offsets of tags read as plain text
     truncated: bool = False  # the input ends inside a block or a summary
+    tags: list[str] = field(default_factory=list)  # every tag read, in order ("path_open", ...), stray or not
 
     @property
     def error(self) -> str | None:
@@ -152,6 +154,7 @@ def _read(tags: list[tuple[int, int, str]], length: int) -> Trace:
             block.paths[-1].end = at
 
     for start, end, name in tags:
+        trace.tags.append(name)
         if state == "after" and name != "summary_open":
             main_from = block.end
         state, structural = read_tag(state, name)

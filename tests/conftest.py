@@ -161,3 +161,32 @@ def one_line(error: pytest.ExceptionInfo) -> str:
     message = str(error.value)
     assert "\n" not in message
     return message
+
+
+# ---------------------------------------------------------------- what is a valid parallel trace (format.check_parallel)
+
+_BLOCK = "<Parallel><Path>2+2 = 4</Path><Path>2*2 = 4</Path></Parallel><Summary>Both give 4.</Summary>"
+# name -> (response to "what is 2+2?" (gold 4), a valid parallel trace?, does Algorithm 1 accept it?)
+PARALLEL_CASES = {
+    "clean": ("Two ways. " + _BLOCK + "\nFinal Answer: 4", True, True),
+    "path after the summary": (  # the issue's example: two stray tags, Algorithm 1 passes
+        "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s</Summary><Path>z</Path>Final Answer: 4", False, True),
+    "nested path": (  # <Path> inside a path: two stray tags, yet a block with 2 closed paths
+        "<Parallel><Path>2+2<Path>= 4</Path></Path><Path>4</Path></Parallel><Summary>4</Summary>Final Answer: 4",
+        False, True),
+    "truncated block": ("Two ways. <Parallel><Path>2+2 = 4</Path><Path>2*2 = 4", False, False),
+    "one path": ("<Parallel><Path>2+2 = 4</Path></Parallel><Summary>4</Summary>Final Answer: 4", False, False),
+    "sequential": ("2+2 = 4\nFinal Answer: 4", False, True),
+}
+
+
+def text_ids(text: str, tag_ids: TagIds) -> list[int]:
+    """A text as token ids: each tag its id, every other character 10 + its code mod 50 (never a
+    tag id of the tests, never EOS 7 or PAD 0)."""
+    from nanopar.tags import find_tags
+
+    ids, at = [], 0
+    for start, end, name in find_tags(text):
+        ids += [10 + ord(c) % 50 for c in text[at:start]] + [getattr(tag_ids, name)]
+        at = end
+    return ids + [10 + ord(c) % 50 for c in text[at:]]

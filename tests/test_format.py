@@ -1,9 +1,10 @@
-"""Algorithm 1 (format.py), the lenient reading and the statistics (trace.py)."""
+"""Algorithm 1 and the validity predicate (format.py), the lenient reading and the statistics (trace.py)."""
 
 import random
 
 import pytest
 
+from conftest import PARALLEL_CASES, text_ids
 from nanopar.format import check_format
 from nanopar.tags import PARALLEL_R1, TagIds, TagSchema, find_tags
 from nanopar.trace import parse_ids, parse_trace, trace_stats
@@ -163,3 +164,31 @@ def test_find_tags_prefers_whole_tags():
     assert [name for _, _, name in find_tags("<Path></Path><Parallel></Parallel>")] == [
         "path_open", "path_close", "parallel_open", "parallel_close"
     ]
+
+
+# ----------------------------------------------------------------------------- one definition of a valid parallel trace
+
+
+@pytest.mark.parametrize("name", sorted(PARALLEL_CASES))
+def test_a_valid_parallel_trace_is_algorithm_1_and_a_clean_reading_with_a_valid_block(name):
+    from nanopar.format import check_parallel
+
+    text, valid, algorithm_1 = PARALLEL_CASES[name]
+    assert check_format(text).ok == algorithm_1  # Algorithm 1 itself is unchanged
+    assert check_parallel(text).ok == valid  # read from the text
+    assert check_parallel(parse_trace(text)).ok == valid  # or given the reading
+    assert check_parallel(parse_ids(text_ids(text, TAG_IDS), TAG_IDS)).ok == valid  # token ids read alike
+
+
+def test_check_parallel_says_why_not():
+    from nanopar.format import check_parallel
+
+    reasons = {name: check_parallel(text).reason for name, (text, _, _) in PARALLEL_CASES.items()}
+    assert reasons == {
+        "clean": "",
+        "path after the summary": "2 stray tag(s), first at offset 69",
+        "nested path": "2 stray tag(s), first at offset 19",
+        "truncated block": "<Path> is never closed",
+        "one path": "a <Parallel> block holds 1 <Path>; at least 2 are needed",
+        "sequential": "no valid parallel block",
+    }
