@@ -3,8 +3,8 @@
 A reward scores one rollout: `fn(text, trace, problem) -> float`, where `text` is the decoded
 response with its tags (`response_text`), `trace` its reading (`trace.parse_ids`), `problem` the
 `data.Problem` it answers. Built-ins (the README's "Rewards" table gives values and sources):
-accuracy, format (Algorithm 1), parallel (correct AND a valid block AND Algorithm 1: Parallel-R1
-stage 1), accuracy_parallel_bonus, accuracy_times_parallel, npr_format (NPR stage 1).
+accuracy, format (Algorithm 1), parallel (correct AND a valid parallel trace, `format.check_parallel`:
+Parallel-R1 stage 1), accuracy_parallel_bonus, accuracy_times_parallel, npr_format (NPR stage 1).
 A spec is a weighted sum, "accuracy:1,format:0.2"; `score(spec, ...)` returns the total, each
 component and the `Grade`; the answer is graded once per call and a grading failure is counted
 (`grade.error`), never hidden. `@register("name")` adds a reward in a few lines, and
@@ -27,10 +27,10 @@ from typing import Callable, Protocol
 
 from . import NanoparError
 from .data import Problem
-from .format import check_format
+from .format import check_format, check_parallel
 from .grading import Grade, grade
 from .tags import TagIds
-from .trace import Trace, parse_ids, parse_trace, trace_stats
+from .trace import Trace, parse_ids, parse_trace
 
 RewardFn = Callable[[str, Trace, Problem], float]
 
@@ -157,13 +157,13 @@ def is_correct(text: str, problem: Problem) -> bool:
 
 
 def uses_parallel(text: str, trace: Trace) -> bool:
-    """At least one valid parallel block, and the whole text passes Algorithm 1.
+    """A valid parallel trace (`format.check_parallel` on the reading `trace`; `text` is not read).
 
     >>> ok = "a<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>b"
     >>> uses_parallel(ok, parse_trace(ok)), uses_parallel(ok + "</Path>", parse_trace(ok + "</Path>"))
     (True, False)
     """
-    return trace_stats(trace).has_parallel and check_format(text).ok
+    return check_parallel(trace).ok
 
 
 # ----------------------------------------------------------------------------- built-in rewards
@@ -183,7 +183,7 @@ def format_reward(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("parallel")
 def parallel(text: str, trace: Trace, problem: Problem) -> float:
-    """Parallel-R1 stage 1: +1 only for a correct answer that uses parallel thinking, else -1."""
+    """Parallel-R1 stage 1: +1 only for a correct answer in a valid parallel trace, else -1."""
     return 1.0 if is_correct(text, problem) and uses_parallel(text, trace) else -1.0
 
 
@@ -205,24 +205,32 @@ def accuracy_times_parallel(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("npr_format")
 def npr_format(text: str, trace: Trace, problem: Problem) -> float:
-    """NPR stage 1 (NPR-Zero): a graded format penalty, accuracy only for well-formed text.
+    """NPR stage 1 (NPR-Zero): format compliance and correctness, a correct parallel answer first.
 
     NPR adds a format signal (0 when the format check passes, a penalty in (0, -2] when it
-    fails) to an accuracy signal (+1 / -1) given only when the format passes; its later
-    parallel RL (PAPO) drops format-invalid rollouts from the update. Our graded version:
-    valid format -> accuracy (+1 / -1); invalid -> -1 for one structural problem, 0.25 less
-    for each further one, floored at -2. Problems are read from the trace: stray tags,
-    invalid blocks, and a response cut off inside a block or summary.
+    fails) to an accuracy signal (+1 / -1) given only when the format passes; NPR's format is
+    the parallel structure, so a tagless answer does not pass. Ours, highest first:
+      valid parallel trace (`format.check_parallel`), correct     +1
+      no tag at all (a sequential answer), correct                  0
+      valid parallel or tagless, wrong                             -1
+      structural problems (stray tags, invalid blocks, truncated)  -1 for one, 0.25 less for
+                                                                   each further one, floor -2
+    A correct sequential answer earns more than a wrong one (it is still an answer), less than
+    a correct parallel one (so the stage teaches the format).
 
-    >>> bad = "<Parallel><Path>x</Path></Parallel>"  # one path and no summary: one invalid block
-    >>> npr_format(bad, parse_trace(bad), Problem("p", "q", "1"))
-    -1.0
+    >>> right = Problem("p", "q", "4")
+    >>> [npr_format(t, parse_trace(t), right) for t in ("<Parallel><Path>2+2</Path><Path>4</Path></Parallel>"
+    ...  "<Summary>4</Summary>Final Answer: 4", "Final Answer: 4", "Final Answer: 5")]
+    [1.0, 0.0, -1.0]
     >>> worse = "</Path></Path><Parallel><Path>x"  # two strays, an invalid block, truncated
-    >>> npr_format(worse, parse_trace(worse), Problem("p", "q", "1"))
+    >>> npr_format(worse, parse_trace(worse), right)
     -1.75
     """
-    if check_format(text).ok:
-        return accuracy(text, trace, problem)
+    correct = is_correct(text, problem)
+    if check_parallel(trace):
+        return 1.0 if correct else -1.0
+    if not trace.tags:  # a sequential answer
+        return 0.0 if correct else -1.0
     problems = len(trace.stray) + sum(not b.valid for b in trace.blocks) + int(trace.truncated)
     return -min(2.0, 1.0 + 0.25 * (max(problems, 1) - 1))
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import one_line
+from conftest import PARALLEL_CASES, one_line
 from nanopar import NanoparError, rewards
 from nanopar.data import Problem
 from nanopar.grading import Grade, grade
@@ -41,7 +41,8 @@ EXPECTED = {
     "accuracy_times_parallel": {
         ("valid", 1): 1, ("invalid", 1): 0, ("none", 1): 0, ("valid", 0): -1, ("invalid", 0): 0, ("none", 0): 0,
     },
-    "npr_format": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): 1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1},
+    # issue 11 changed ("none", 1) from 1 to 0: a correct sequential answer now ranks below a correct parallel one
+    "npr_format": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): 0, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1},
 }
 
 
@@ -100,6 +101,42 @@ def test_rewards_read_token_id_traces():
     trace = parse_ids(ids, tags)
     assert rewards.uses_parallel(TRACES["valid"], trace)
     assert score("parallel", TRACES["valid"], trace, RIGHT).total == 1.0
+
+
+# every reward that means "a valid parallel trace" agrees with format.check_parallel; gold 4
+NPR_FORMAT = {
+    "clean": 1.0,  # correct and a valid parallel trace
+    "sequential": 0.0,  # correct, no tag: below a correct parallel answer, above a wrong one
+    "path after the summary": -1.25,  # two stray tags: -1, then 0.25 less
+    "nested path": -1.25,  # two stray tags
+    "truncated block": -1.25,  # an invalid block, and truncated
+    "one path": -1.0,  # one invalid block
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARALLEL_CASES))
+def test_parallel_rewards_and_papo_use_the_one_validity_predicate(name):
+    text, valid, _ = PARALLEL_CASES[name]
+    problem = Problem("p", "what is 2+2?", "4")
+    spec = "parallel:1,accuracy_parallel_bonus:1,accuracy_times_parallel:1,npr_format:1"
+    result = score(spec, text, parse_trace(text), problem)
+    correct = result.grade.correct
+    assert result.components == {
+        "parallel": 1.0 if valid else -1.0,
+        "accuracy_parallel_bonus": 1.2 if valid else (1.0 if correct else -1.0),
+        "accuracy_times_parallel": 1.0 if valid else 0.0,
+        "npr_format": NPR_FORMAT[name],
+    }
+    assert rewards.uses_parallel(text, parse_trace(text)) == valid
+
+
+def test_npr_format_ranks_correct_parallel_over_correct_sequential_over_wrong():
+    def value(text, answer):
+        return get_reward("npr_format")(text, parse_trace(text), Problem("p", "q", answer))
+
+    parallel, sequential = PARALLEL_CASES["clean"][0], PARALLEL_CASES["sequential"][0]
+    assert value(parallel, "4") == 1.0 > value(sequential, "4") == 0.0 > value(parallel, "5") == -1.0
+    assert value(sequential, "5") == -1.0 >= value(PARALLEL_CASES["one path"][0], "4")
 
 
 # ----------------------------------------------------------------------------- registry and specs
