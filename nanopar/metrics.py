@@ -3,15 +3,15 @@
 `response_structure` is one response's structure, read once from its token-id trace: the fields
 an evaluation record stores (valid blocks, paths per block, relative position of each
 `<Parallel>`, length, critical-path length, finish). `structure_metrics` averages them over
-responses into the numbers the papers track: parallel ratio (responses with a valid block), mean
-relative position of `<Parallel>` (Parallel-R1's drift from ~0.4 to ~0.8), blocks per response,
-paths per block, acceleration (tokens / critical-path tokens), length and truncation rate. A
-GRPO step (`rollout_metrics`, from rollouts) and an evaluation (`evaluation.summarize`, from
-saved records) both call it, so the two cannot count differently. `rollout_metrics` adds the
-reward (total and by component), accuracy, answer-parse failures and the fraction of groups
-whose rewards are all equal (they teach GRPO nothing). `MetricsLog` appends a run's lines;
-`plot_metrics` draws them as a PNG. Not here: the loss-side numbers (grpo.py returns them), the
-tables (show.py).
+responses into the numbers the papers track: parallel ratio (valid parallel traces, judged as the
+`parallel` reward judges them, by `format.check_parallel`), mean relative position of `<Parallel>`
+(Parallel-R1's drift from ~0.4 to ~0.8), blocks per response, paths per block, acceleration
+(tokens / critical-path tokens), length and truncation rate. A GRPO step (`rollout_metrics`,
+from rollouts) and an evaluation (`evaluation.summarize`, from saved records) both call it, so
+the two cannot count differently. `rollout_metrics` adds the reward (total and by component),
+accuracy, answer-parse failures and the fraction of groups whose rewards are all equal (they
+teach GRPO nothing). `MetricsLog` appends a run's lines; `plot_metrics` draws them as a PNG.
+Not here: the loss-side numbers (grpo.py returns them), the tables (show.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from statistics import fmean
 
 from .data import read_jsonl
+from .format import check_parallel
 from .trace import trace_stats
 
 
@@ -28,7 +29,7 @@ def response_structure(rollout) -> dict:
     """One response's structure (token offsets), as an evaluation record stores it and `structure_metrics` reads it."""
     stats = trace_stats(rollout.trace)
     return {
-        "has_parallel": stats.has_parallel,  # at least one valid block
+        "has_parallel": check_parallel(rollout.trace).ok,  # a valid parallel trace: what parallel_ratio counts
         "blocks": stats.blocks,  # blocks read, valid or not
         "valid_blocks": stats.valid_blocks,
         "paths_per_block": stats.paths_per_block,

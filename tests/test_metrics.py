@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import one_line, text_rollout
+from conftest import PARALLEL_CASES, one_line, text_ids, text_rollout
 from nanopar import NanoparError
 from nanopar.data import read_jsonl
 from nanopar.grading import Grade
@@ -41,6 +41,25 @@ def test_rollout_metrics_by_hand():
     assert m["response_length"] == (16 + 4 + 8 + 10) / 4 and m["truncation_rate"] == 0.5
     # the shorter path (3 tokens: <Path> 7 </Path>) runs beside the longer one: 13 tokens on the critical path
     assert m["acceleration"] == (16 + 4 + 8 + 10) / (13 + 4 + 8 + 10)
+
+
+def test_parallel_ratio_counts_what_the_parallel_reward_calls_valid():
+    """The issue's example (a <Path> after the summary), a nested <Path> and a truncated block hold
+    a block with two closed paths, yet none is a valid parallel trace: the ratio counts the clean one."""
+    from nanopar.data import Problem
+    from nanopar.rewards import score
+    from nanopar.trace import parse_trace
+
+    names = sorted(PARALLEL_CASES)
+    rollouts = [rollout(text_ids(PARALLEL_CASES[n][0], TAGS), "eos") for n in names]
+    results = [score("parallel", PARALLEL_CASES[n][0], r.trace, Problem("p", "q", "4")) for n, r in zip(names, rollouts)]
+    m = rollout_metrics(rollouts, results, group_size=len(names))
+    assert m["parallel_ratio"] == 1 / 6 and m["reward/parallel"] == (1 - 5) / 6
+    assert [r.total > 0 for r in results] == [n == "clean" for n in names]
+    assert m["blocks_per_response"] == 5 / 6  # the sequential one has no block
+    # "at least one valid block", the ratio before issue 11, holds for 3 of them: clean, nested, after the summary
+    assert [any(b.valid for b in parse_trace(PARALLEL_CASES[n][0]).blocks) for n in names] == [
+        True, True, False, True, False, False]
 
 
 def test_the_log_drops_lines_past_a_resumed_step(tmp_path):
