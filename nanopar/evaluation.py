@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from . import NanoparError
 from .data import Problem
+from .format import check_format
 from .metrics import response_structure, structure_metrics
 from .policy import Policy
 from .prompts import build_prompt, stop_ids
@@ -83,7 +84,7 @@ def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_i
         "extracted": result.grade.extracted,
         "correct": result.grade.correct,
         "parse_error": result.grade.error,
-        "format_ok": result.format_ok,  # Parallel-R1's Algorithm 1 accepts the response
+        "format_ok": check_format(text).ok,  # Algorithm 1 (the `format` reward); a valid parallel trace: has_parallel
         **response_structure(rollout),  # blocks, paths, positions (token offsets), lengths, finish
         "question": problem.question,  # with answer and extra: the Problem again, for re-scoring
         "extra": problem.extra,

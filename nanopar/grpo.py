@@ -1,11 +1,12 @@
 """GRPO, written out: one step from sampling to the optimiser, top to bottom (`grpo_step`).
 
-    sample G responses per prompt -> reward each -> group advantages -> drop invalid -> update
+    sample G responses per prompt -> reward each -> drop invalid -> group advantages -> update
 
 "GRPO" as nanopar runs it, nothing hidden:
   - G responses per prompt (the sampler); one reward per response (rewards.py);
-  - advantage = (r - group mean) / (group std + eps) ("zscore"), or r - group mean ("mean");
-    a group whose rewards are all equal teaches nothing: its advantages are 0;
+  - advantage = (r - group mean) / (group std + eps) ("zscore"), r - group mean ("mean"), or
+    (r - group mean) / (std of the batch's rewards + eps) ("batch": PAPO's batch-level
+    normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0;
   - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded),
     summed and divided by the number of sampled tokens in the whole rollout batch, before it is
     cut into micro-batches, so a long response weighs as much per token as a short one;
@@ -15,7 +16,8 @@
   - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
     exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
     (after SFT: the SFT adapter, not the base model; see `Reference`);
-  - PAPO's rule (NPR) as a switch: format-invalid rollouts dropped before the update;
+  - PAPO's rule (NPR) as a switch: rollouts that are not valid parallel traces are dropped
+    *before* the advantages, so means and stds are over the kept rollouts only;
   - gradient accumulation over micro-batches, gradient-norm clipping, a non-finite step skipped.
 Not here: how the sampler or a reward works (sampler.py, rewards.py), the optimiser's
 construction (optim.py), which problems a step takes, logging and checkpoints (runner.py).
@@ -43,8 +45,8 @@ from .sampler import Rollout, SamplerSettings, sample
 @dataclass
 class GRPOSettings:
     group_size: int = 8  # G: responses sampled per prompt; advantages are relative within a group
-    drop_invalid: bool = False  # drop format-invalid rollouts before the update (PAPO, NPR's stage 3)
-    advantage: str = "zscore"  # "zscore" (r - mean) / (std + eps) or "mean" (r - mean)
+    drop_invalid: bool = False  # drop rollouts that are not valid parallel traces before the advantages (PAPO)
+    advantage: str = "zscore"  # "zscore" (r - mean) / (std + eps), "mean" (r - mean) or "batch" (PAPO)
     updates: int = 1  # optimiser steps per rollout batch; 1 = on-policy, ratio = 1
     clip: float = 0.2  # PPO clip range of the ratio (matters only when updates > 1)
     kl_beta: float = 0.0  # weight of the KL to the reference policy (0 = no reference)
@@ -64,8 +66,9 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     owners = [problem for problem in problems for _ in range(G)]  # [B * G]
     results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
     rewards = torch.tensor([result.total for result in results])  # [B * G]
-    advantages = group_advantages(rewards, G, settings.advantage)  # [B * G]
-    keep = [i for i, result in enumerate(results) if result.format_ok or not settings.drop_invalid]
+    kept = torch.tensor([result.format_ok or not settings.drop_invalid for result in results])  # [B * G]
+    advantages = group_advantages(rewards, G, settings.advantage, kept)  # [B * G], 0 where dropped
+    keep = kept.nonzero().flatten().tolist()
     update = {}
     if keep:
         update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
@@ -79,23 +82,41 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     }
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore", eps: float = 1e-6):
-    """One advantage per response. rewards [N] (N = prompts x G, prompt-major) -> [N]
+def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore", kept: torch.Tensor | None = None,
+                     eps: float = 1e-6):
+    """One advantage per response. rewards [N] (N = prompts x G, prompt-major), kept [N] bool -> [N]
+
+    Only kept responses count (None: all): a group is its surviving members, so its mean and std
+    are theirs; a group left with one member has advantage 0 (nothing to compare it with); a
+    dropped response gets 0. "batch" divides by the std of every kept reward in the batch.
+    Stds are population stds (divide by n).
 
     >>> [round(a, 3) for a in group_advantages(torch.tensor([1., -1., 1., 1.]), 2).tolist()]
     [1.0, -1.0, 0.0, 0.0]
     >>> group_advantages(torch.tensor([3., 1., 1., 1.]), 2, "mean").tolist()
     [1.0, -1.0, 0.0, 0.0]
+    >>> kept = torch.tensor([False, True, True, True])  # PAPO dropped the first response
+    >>> [round(a, 3) for a in group_advantages(torch.tensor([1., 1., 1., -1.]), 4, "zscore", kept).tolist()]
+    [0.0, 0.707, 0.707, -1.414]
     """
     if rewards.numel() % group_size:
         raise NanoparError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    if kind not in ("zscore", "mean", "batch"):
+        raise NanoparError(f"unknown advantage {kind!r}: use 'zscore', 'mean' or 'batch'")
+    kept = torch.ones_like(rewards, dtype=torch.bool) if kept is None else kept
     groups = rewards.view(-1, group_size)  # [P, G]
-    centred = groups - groups.mean(-1, keepdim=True)  # [P, G]
+    weight = kept.view(-1, group_size).to(rewards.dtype)  # [P, G] 1 = kept
+    members = weight.sum(-1, keepdim=True).clamp(min=1)  # [P, 1]
+    mean = (groups * weight).sum(-1, keepdim=True) / members  # [P, 1] over the kept members
+    centred = (groups - mean) * weight  # [P, G] 0 where dropped
     if kind == "mean":
         return centred.flatten()
-    if kind != "zscore":
-        raise NanoparError(f"unknown advantage {kind!r}: use 'zscore' or 'mean'")
-    return (centred / (groups.std(-1, unbiased=False, keepdim=True) + eps)).flatten()
+    if kind == "zscore":
+        std = (centred.square().sum(-1, keepdim=True) / members).sqrt()  # [P, 1]
+    else:  # batch
+        survivors = rewards[kept]  # [n]
+        std = survivors.std(unbiased=False) if survivors.numel() else rewards.new_zeros(())  # []
+    return (centred / (std + eps)).flatten()
 
 
 def rollout_batch(rollouts, pad_id: int, device="cpu") -> TokenBatch:

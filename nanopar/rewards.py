@@ -243,7 +243,7 @@ class RewardResult:
     total: float  # sum of weight * component
     components: dict[str, float]  # reward name -> its value, before weighting
     grade: Grade  # the answer's grade (shared by all components); grade.error counts failures
-    format_ok: bool  # Algorithm 1 accepts the text (PAPO-style training drops the rest)
+    format_ok: bool  # a valid parallel trace (format.check_parallel): PAPO's drop keeps only these
 
 
 def score(spec: str | dict[str, float], text: str, trace: Trace, problem: Problem) -> RewardResult:
@@ -259,7 +259,10 @@ def score(spec: str | dict[str, float], text: str, trace: Trace, problem: Proble
         components = {name: float(get_reward(name)(text, trace, problem)) for name in weights}
         answer_grade = graded(text, problem)  # from the cache when a reward asked for it
     total = sum(weights[name] * value for name, value in components.items())
-    return RewardResult(total, components, answer_grade, check_format(text).ok)
+    # PAPO's "format-violating" is NPR's format, which *is* the parallel structure (its stage 3
+    # reports a parallel rate of 100%): a tagless answer violates it as much as a stray tag does,
+    # so `format_ok` is the one validity predicate, not the weaker "well-formed, maybe no block".
+    return RewardResult(total, components, answer_grade, check_parallel(trace).ok)
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -30,6 +30,39 @@ def test_advantages_follow_their_definition():
         group_advantages(rewards, 5)
 
 
+def test_papo_drops_before_the_advantages():
+    """The issue's group [1, 1, 1, -1] with its first response dropped. Normalising first and
+    dropping after (before issue 11) left kept advantages 0.577 + 0.577 - 1.732 = -0.577."""
+    rewards, kept = torch.tensor([1.0, 1.0, 1.0, -1.0]), torch.tensor([False, True, True, True])
+    # the kept group [1, 1, -1]: mean 1/3, centred [2/3, 2/3, -4/3], std sqrt((4/9 + 4/9 + 16/9) / 3) = sqrt(8/9)
+    std = (8 / 9) ** 0.5
+    expected = [0.0, (2 / 3) / std, (2 / 3) / std, (-4 / 3) / std]  # [0, 0.7071, 0.7071, -1.4142]
+    got = group_advantages(rewards, 4, "zscore", kept)
+    assert got.tolist() == pytest.approx(expected, abs=1e-5) and got[kept].sum().item() == pytest.approx(0, abs=1e-6)
+    assert group_advantages(rewards, 4, "mean", kept).tolist() == pytest.approx([0, 2 / 3, 2 / 3, -4 / 3])
+    # a group left with one member has nothing to be compared with: advantage 0
+    alone = group_advantages(torch.tensor([5.0, 1.0, 2.0, 0.0]), 2, "zscore", torch.tensor([True, False, True, True]))
+    assert alone.tolist() == pytest.approx([0.0, 0.0, 1.0, -1.0], abs=1e-5)
+
+
+def test_batch_advantage_divides_by_the_std_of_the_kept_batch():
+    """PAPO: reward minus its group mean, over the std of every kept reward in the batch."""
+    rewards = torch.tensor([1.0, 0.0, -1.0, 2.0, 2.0, 5.0])  # groups of 3: [1, 0, -1] and [2, 2, 5]
+    # means 0 and 3: centred [1, 0, -1, -1, -1, 2]; the batch [1, 0, -1, 2, 2, 5] has mean 1.5,
+    # squared deviations 0.25 + 2.25 + 6.25 + 0.25 + 0.25 + 12.25 = 21.5, std sqrt(21.5 / 6) = 1.8930
+    std = (21.5 / 6) ** 0.5
+    assert group_advantages(rewards, 3, "batch").tolist() == pytest.approx(
+        [1 / std, 0.0, -1 / std, -1 / std, -1 / std, 2 / std], abs=1e-5)
+    # drop the 5: group 2 is [2, 2] (centred 0, 0); the kept batch [1, 0, -1, 2, 2] has mean 0.8,
+    # squared deviations 0.04 + 0.64 + 3.24 + 1.44 + 1.44 = 6.8, std sqrt(6.8 / 5) = 1.1662
+    kept = torch.tensor([True, True, True, True, True, False])
+    std = (6.8 / 5) ** 0.5
+    assert group_advantages(rewards, 3, "batch", kept).tolist() == pytest.approx(
+        [1 / std, 0.0, -1 / std, 0.0, 0.0, 0.0], abs=1e-5)
+    with pytest.raises(Exception, match="unknown advantage 'group'"):
+        group_advantages(rewards, 3, "group")
+
+
 def test_policy_loss_equals_the_hand_written_formula():
     g = torch.Generator().manual_seed(0)
     new, old, ref = (torch.randn(3, 5, generator=g) * 0.3 - 1 for _ in range(3))
@@ -147,43 +180,57 @@ def test_sft_loss_is_the_mean_cross_entropy_of_response_tokens():
     assert metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5) and metrics["tokens"] == 6
 
 
-def test_grpo_step_is_sample_score_advantages_drop_update():
-    """`grpo_step` against the same step written out by hand on a twin model: the same rollouts,
-    exactly the format-invalid ones dropped (PAPO), the same parameters after the update."""
+def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
+    """`grpo_step` against the same step written out by hand on a twin model, on scripted responses:
+    the rollouts that are not valid parallel traces dropped (PAPO), *then* the advantages of the
+    kept ones (issue 11: before, every rollout was normalised and the invalid ones dropped after),
+    the same parameters after the update."""
     import copy
 
-    from nanopar.format import check_format
-    from nanopar.grading import grade
+    import nanopar.grpo
+    from conftest import text_rollout
     from nanopar.grpo import grpo_step
     from nanopar.model import ModelSettings, load_model
     from nanopar.prompts import build_prompt, stop_ids
-    from nanopar.rewards import response_text
     from nanopar.toy import toy_problems
 
     model, tokenizer = load_model(ModelSettings("toy:model"))
     policy = Policy.of(tokenizer)
-    bias_logits(model, dict.fromkeys(policy.tag_ids.all(), 1.5))  # some responses malformed, some not
     twin = copy.deepcopy(model)
     problems = toy_problems("toy:easy")[:3]
     prompts = [build_prompt(p, tokenizer, "") for p in problems]
-    sampling = SamplerSettings(paths=3, max_new_tokens=40, max_path_tokens=8, seed=2)
+    eos = stop_ids(model, tokenizer)
+    block = "<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>"
+    right = [f"Final Answer: {p.answer}" for p in problems]
+    responses = [  # reward = format (Algorithm 1: +1 / -1) + 0.5 * accuracy (+1 / -1); valid parallel?
+        block + right[0], block + "Final Answer: 0", right[0], block + "<Path>z</Path>" + right[0],
+        #  1.5 yes          0.5 yes                    1.5 no    1.5 no (the issue's stray <Path>)
+        block + right[1], block + right[1], block.replace("x", "<Path>x</Path>") + right[1],
+        #  1.5 yes          1.5 yes          1.5 no (a nested <Path>)
+        block.replace("<Path>y</Path>", "") + right[1],
+        # -0.5 no (one path)
+        "<Parallel><Path>x", block + "Final Answer: 0", block + right[2], block + right[2],
+        # -1.5 no (truncated)  0.5 yes                  1.5 yes            1.5 yes
+    ]
+    scripted = [text_rollout(prompts[i // 4], tokenizer.encode(r, add_special_tokens=False) + [eos[0]],
+                             policy.tag_ids) for i, r in enumerate(responses)]
+    monkeypatch.setattr(nanopar.grpo, "sample", lambda model, prompts, policy, sampling, eos, G: scripted)
     settings = GRPOSettings(group_size=4, drop_invalid=True, micro_batch=5)
     optimizer = make_optimizer(model, lr=1e-3)[0]
-    rollouts, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, sampling, settings,
-                                  {"format": 1.0, "accuracy": 0.5})
-
-    eos = stop_ids(twin, tokenizer)
-    again = sample(twin, prompts, policy, sampling, eos, 4)
-    assert [r.ids for r in again] == [r.ids for r in rollouts]
-    texts = [response_text(r, tokenizer, eos) for r in again]
-    owners = [p for p in problems for _ in range(4)]
-    valid = [check_format(text).ok for text in texts]
-    assert metrics["dropped_invalid"] == valid.count(False) > 0 and valid.count(True) > 0
-    rewards = torch.tensor([(1.0 if ok else -1.0) + 0.5 * (1.0 if grade(t, p).correct else -1.0)
-                            for ok, t, p in zip(valid, texts, owners)])
-    advantages = group_advantages(rewards, 4)
-    keep = [i for i, ok in enumerate(valid) if ok]
-    by_hand = grpo_update(twin, make_optimizer(twin, lr=1e-3)[0], [again[i] for i in keep], advantages[keep],
+    rollouts, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, SamplerSettings(),
+                                  settings, {"format": 1.0, "accuracy": 0.5})
+    assert rollouts is scripted and metrics["dropped_invalid"] == 5
+    assert metrics["reward"] == pytest.approx((1.5 + 0.5 + 1.5 + 1.5 + 1.5 * 3 - 0.5 - 1.5 + 0.5 + 1.5 * 2) / 12)
+    assert metrics["parallel_ratio"] == 7 / 12  # the kept ones: one predicate for the drop and the metric
+    # kept rewards per group: [1.5, 0.5] -> +-1; [1.5, 1.5] -> 0; [0.5, 1.5, 1.5]: mean 7/6,
+    # centred [-2/3, 1/3, 1/3], std sqrt((4/9 + 1/9 + 1/9) / 3) = sqrt(2/9) -> [-1.4142, 0.7071, 0.7071]
+    rewards = torch.tensor([1.5, 0.5, 1.5, 1.5, 1.5, 1.5, 1.5, -0.5, -1.5, 0.5, 1.5, 1.5])
+    kept = torch.tensor([True, True, False, False, True, True, False, False, False, True, True, True])
+    keep = kept.nonzero().flatten().tolist()
+    advantages = group_advantages(rewards, 4, "zscore", kept)[keep]
+    assert advantages.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0, -(2 / 3) / (2 / 9) ** 0.5,
+                                                 (1 / 3) / (2 / 9) ** 0.5, (1 / 3) / (2 / 9) ** 0.5], abs=1e-5)
+    by_hand = grpo_update(twin, make_optimizer(twin, lr=1e-3)[0], [scripted[i] for i in keep], advantages,
                           policy, settings, tokenizer.pad_token_id)
     assert metrics["loss"] == by_hand["loss"] and metrics["grad_norm"] > 0
     for a, b in zip(model.parameters(), twin.parameters()):

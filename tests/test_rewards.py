@@ -127,7 +127,7 @@ def test_parallel_rewards_and_papo_use_the_one_validity_predicate(name):
         "accuracy_times_parallel": 1.0 if valid else 0.0,
         "npr_format": NPR_FORMAT[name],
     }
-    assert rewards.uses_parallel(text, parse_trace(text)) == valid
+    assert result.format_ok == valid == rewards.uses_parallel(text, parse_trace(text))  # what PAPO keeps
 
 
 def test_npr_format_ranks_correct_parallel_over_correct_sequential_over_wrong():
