@@ -31,7 +31,8 @@ class Stage:
     reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2")
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
-    drop_invalid: bool = False  # grpo: drop format-invalid rollouts before the update (PAPO)
+    drop_invalid: bool = False  # grpo: drop rollouts that are not valid parallel traces before the advantages (PAPO)
+    advantage: str = ""  # grpo: "zscore", "mean" or "batch" (PAPO); "" = the config's --advantage
     lr: float = 1e-5  # learning rate of this stage
     start: str | None = None  # the stage whose final/ it starts from; None = the previous training stage,
     #                           "" = the configured --model
@@ -133,7 +134,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
             Stage("rejection", "distill", c.easy_data, tries=c.distill_tries or 8),
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr),
             Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
-                  lr=c.lr),
+                  advantage="batch", lr=c.lr),
         ]
     else:
         raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")

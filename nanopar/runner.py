@@ -260,7 +260,7 @@ class Runner:
     def grpo_settings(self, stage: Stage) -> GRPOSettings:
         config = self.config
         return GRPOSettings(group_size=config.group_size, drop_invalid=stage.drop_invalid,
-                            advantage=config.advantage, updates=config.updates, clip=config.clip,
+                            advantage=stage.advantage or config.advantage, updates=config.updates, clip=config.clip,
                             kl_beta=config.kl_beta, micro_batch=config.micro_batch,
                             max_grad_norm=config.max_grad_norm)
 

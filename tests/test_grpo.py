@@ -63,6 +63,18 @@ def test_batch_advantage_divides_by_the_std_of_the_kept_batch():
         group_advantages(rewards, 3, "group")
 
 
+def test_npr_parallel_rl_uses_batch_advantages_and_other_stages_the_flag():
+    from nanopar.curriculum import TrainConfig, recipe
+    from nanopar.runner import Runner
+
+    config = TrainConfig(recipe="npr", advantage="mean")
+    stages = {stage.name: stage for stage in recipe(config)}
+    runner = Runner(config, list(stages.values()))
+    settings = {name: runner.grpo_settings(stage) for name, stage in stages.items() if stage.kind == "grpo"}
+    assert {name: (s.advantage, s.drop_invalid) for name, s in settings.items()} == {
+        "format-rl": ("mean", False), "parallel-rl": ("batch", True)}
+
+
 def test_policy_loss_equals_the_hand_written_formula():
     g = torch.Generator().manual_seed(0)
     new, old, ref = (torch.randn(3, 5, generator=g) * 0.3 - 1 for _ in range(3))
