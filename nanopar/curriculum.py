@@ -103,7 +103,7 @@ class TrainConfig(SamplerSettings):
     lr: float = 3e-5  # RL learning rate (AdamW); toy: 1e-4 moves a sequence 2-3 nats per step and degrades it
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warm-up steps per stage
-    advantage: str = "zscore"  # "zscore" or "mean"
+    advantage: str = "zscore"  # "zscore", "mean" or "batch" (group mean, batch std: PAPO; NPR's last stage uses it)
     updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
     clip: float = 0.2  # PPO clip range (updates > 1 only)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
