@@ -3,6 +3,7 @@
     parallel-r1   [pretrain] -> cold-start-data -> sft -> rl-easy -> rl-hard
     npr           [pretrain] -> format-rl -> rejection -> sft -> parallel-rl
     --baseline    + baseline-rl-easy -> baseline-rl-hard (accuracy-only GRPO from the same base)
+    --skip rl-easy  the recipe without a stage (an ablation): rl-hard starts from sft
 
 A `Stage` is data: its kind (distill: write traces; sft; grpo), problems, steps, reward or
 schedule, traces, learning rate, and which stage's `final/` it starts from (by default the
@@ -14,7 +15,7 @@ so the sampler's knobs are declared once. Not here: how a stage runs (runner.py)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import NanoparError
 from .sampler import SamplerSettings
@@ -49,6 +50,7 @@ class TrainConfig(SamplerSettings):
     out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
     recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
     stages: str = "all"  # comma list of stage names to run, or "all"
+    skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
     seed: int = 0  # seeds LoRA init, problem order and every sampling step
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
     preset: str = ""  # "long": the ~25-minute toy run (train.py's PRESETS); flags given explicitly still win
@@ -144,7 +146,34 @@ def recipe(config: TrainConfig) -> list[Stage]:
                   start=start),
             Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr),
         ]
-    return stages
+    return skip(stages, c.skip)
+
+
+def source_of(stages: list[Stage], stage: Stage) -> Stage | None:
+    """The stage whose final/ `stage` starts from (None: the configured --model)."""
+    if stage.start is None:
+        before = [s for s in stages[: stages.index(stage)] if s.kind != "distill"]
+        return before[-1] if before else None
+    return next((s for s in stages if s.name == stage.start), None) if stage.start else None
+
+
+def skip(stages: list[Stage], names: str) -> list[Stage]:
+    """The recipe without the stages named in a comma list. A stage that started from a skipped
+    one starts from what that one started from (skip rl-easy: rl-hard starts from sft)."""
+    if not names.strip():
+        return stages
+    skipped = {s.name for s in select(stages, names)}
+    readers = [s.name for s in stages if s.traces in skipped and s.name not in skipped]
+    if readers:
+        raise NanoparError(f"--skip {names}: stage {readers[0]} reads its traces; give them with --sft-data")
+    kept = []
+    for stage in stages:
+        source = source_of(stages, stage)
+        while source is not None and source.name in skipped:
+            source = source_of(stages, source)
+        if stage.name not in skipped:
+            kept.append(stage if source is source_of(stages, stage) else replace(stage, start=source.name if source else ""))
+    return kept
 
 
 def select(stages: list[Stage], names: str) -> list[Stage]:

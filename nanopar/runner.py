@@ -28,8 +28,8 @@ from rich.console import Console
 
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
-from .curriculum import Stage, TrainConfig
-from .data import Problem, load_problems, load_traces, write_jsonl
+from .curriculum import Stage, TrainConfig, source_of
+from .data import SLICE, TEST_SETS, Problem, load_problems, load_traces, write_jsonl
 from .evaluation import evaluate, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
 from .metrics import MetricsLog
@@ -198,17 +198,13 @@ class Runner:
     def input_model(self, stage: Stage) -> str:
         """The `final/` of the stage `stage.start` names (by default the last training stage before
         it), or the configured model."""
-        if stage.start is None:
-            before = [s for s in self.stages[: self.stages.index(stage)] if s.kind != "distill"]
-            source = before[-1] if before else None
-        else:
-            source = next((s for s in self.stages if s.name == stage.start), None) if stage.start else None
+        source = source_of(self.stages, stage)
         if source is None:
             return self.config.model
         final = self.folder(source) / "final"
         if not final.exists():
             raise NanoparError(f"stage {stage.name} starts from stage {source.name}, which is not done "
-                               f"({final} is missing): run it first")
+                               f"({final} is missing): run it first, or leave it out with --skip {source.name}")
         return str(final)
 
     # --- what a stage reads -----------------------------------------------------------------

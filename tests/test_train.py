@@ -95,17 +95,17 @@ def test_an_interrupted_save_leaves_no_checkpoint_folder(tmp_path, monkeypatch):
     assert (tmp_path / "checkpoint-1" / "trainer_state.pt").is_file()
 
 
-def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch):
-    """Cold-start data: with a 'model' that writes a teacher trace for half the tries and a wrong
-    answer for the rest, the stage keeps exactly the problems with a correct, valid trace."""
+def half_right_sampler(monkeypatch):
+    """A stand-in for the sampler of a distill stage over 6 toy problems: a teacher trace for
+    every other problem, a wrong answer for the rest."""
     import random
 
     from nanopar.toy import parallel_trace, toy_problems
 
     problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
+    tokenizer = load_model(ModelSettings("toy:model"))[1]
 
     def fake_sample(model, prompts, policy, settings, eos, samples_per_prompt):
-        tokenizer = nanopar.runner.load_model(ModelSettings("toy:model"))[1]
         rollouts = []
         for i, prompt in enumerate(prompts):
             problem = problems[tokenizer.decode(prompt).strip()]
@@ -117,6 +117,12 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
 
     monkeypatch.setattr(nanopar.runner, "sample", fake_sample)
     monkeypatch.setattr(nanopar.toy, "TOY_TRAIN_PROBLEMS", 6)
+
+
+def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch):
+    """Cold-start data: with a 'model' that writes a teacher trace for half the tries and a wrong
+    answer for the rest, the stage keeps exactly the problems with a correct, valid trace."""
+    half_right_sampler(monkeypatch)
     with pytest.raises(NanoparError, match="rl-easy starts from stage sft, which is not done"):
         train.main(["--out", str(tmp_path), "--sft-data", "", "--pretrain-data", "", "--stages",
                     "cold-start-data,rl-easy", "--distill-tries", "2"])
@@ -136,6 +142,8 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
         (["--easy-data", "missing.jsonl"], "benchmark or file not found: missing.jsonl"),
         (["--preset", "huge"], "unknown preset 'huge': use one of long"),
         (["--eval-data", "toy:medium:heldout"], "unknown toy data 'toy:medium:heldout'"),
+        (["--skip", "rl-esay"], "unknown stage(s) rl-esay: this recipe has pretrain, sft, rl-easy, rl-hard"),
+        (["--sft-data", "", "--skip", "cold-start-data"], "--skip cold-start-data: stage sft reads its traces"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message, tmp_path):
@@ -224,3 +232,26 @@ def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
         grads[bool(flags)] = model.model.embed_tokens.weight.grad.clone()
     assert calls == {False: 1, True: 2}
     assert torch.allclose(grads[False], grads[True], atol=1e-6)
+
+
+def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
+    """The ablation "no stage-1 RL": --skip rl-easy makes `--stages sft,rl-hard` a run, rl-hard
+    starting from sft's final/; folders are numbered over the stages that remain."""
+    args = ["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--checkpoint-every", "0",
+            "--stages", "sft,rl-hard", "--skip", "rl-easy"]
+    train.main(args)
+    config = train.parse_config(train.TrainConfig, args)
+    stages = train.recipe(config)
+    runner = nanopar.runner.Runner(config, stages)
+    assert [s.name for s in stages] == ["sft", "rl-hard"]
+    assert runner.input_model(stages[1]) == str(tmp_path / "1-sft" / "final")
+    assert sorted(f.name for f in tmp_path.glob("[0-9]-*")) == ["1-sft", "2-rl-hard"]
+    log = read_metrics(tmp_path)
+    assert [r["stage"] for r in log if r.get("event") == "done"] == ["sft", "rl-hard"]
+    assert [r["step"] for r in log if r.get("stage") == "rl-hard" and "step" in r] == [1, 2]
+    assert [r["stage"] for r in log if r.get("event") == "eval"] == ["sft", "rl-hard"]
+    # a skipped stage with its own start passes it on: the baseline still starts from the base
+    config = train.parse_config(train.TrainConfig, ["--baseline", "--skip", "baseline-rl-easy,rl-easy"])
+    stages = {s.name: s for s in train.recipe(config)}
+    assert list(stages) == ["pretrain", "sft", "rl-hard", "baseline-rl-hard"]
+    assert (stages["rl-hard"].start, stages["baseline-rl-hard"].start) == ("sft", "pretrain")
