@@ -36,6 +36,7 @@ class Stage:
     lr: float = 1e-5  # learning rate of this stage
     start: str | None = None  # the stage whose final/ it starts from; None = the previous training stage,
     #                           "" = the configured --model
+    teacher: str = ""  # distill: the model that writes the traces; "" = the stage's input model
 
 
 @dataclass
@@ -70,6 +71,7 @@ class TrainConfig(SamplerSettings):
     easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
     hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
     sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
+    teacher: str = ""  # strong model writing cold-start-data (hub id, folder, checkpoint, tiny:*; "" = its input); not NPR's rejection: self-distilled
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # field of the gold answer ("" = answer)
     limit: int = 0  # use only the first N problems of each data set (0 = all)
@@ -123,7 +125,8 @@ def recipe(config: TrainConfig) -> list[Stage]:
     base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr)
             ] if c.pretrain_data else []
     if c.recipe == "parallel-r1":
-        cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1)]
+        cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1,
+                                                  teacher=c.teacher)]
         stages = base + cold_start + [
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
             Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),

@@ -127,8 +127,10 @@ class Runner:
             self.evaluate(stage)
 
     def distill(self, stage: Stage) -> None:
-        """Sample `tries` responses per problem; keep one correct, valid parallel trace."""
-        model, tokenizer, policy = self.load(self.input_model(stage))
+        """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
+        strong model) or its input model (NPR's rejection: self-distillation); keep one correct,
+        valid parallel trace per problem."""
+        model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage))
         problems = self.problems(stage.data)
         eos, kept = stop_ids(model, tokenizer), []
         chunk = max(1, self.config.prompts_per_step)

@@ -132,6 +132,23 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
     assert [r["kept_fraction"] for r in log if r.get("event") == "distill"] == [0.5]
 
 
+def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
+    """--teacher: cold-start-data samples the named model, not its input model (here the
+    pretrain stage's final/, which does not even exist); NPR's rejection stage ignores it."""
+    half_right_sampler(monkeypatch)
+    loaded, real = [], nanopar.runner.load_model
+    monkeypatch.setattr(nanopar.runner, "load_model",
+                        lambda settings: loaded.append(settings.name_or_path) or real(ModelSettings("toy:model")))
+    train.main(["--out", str(tmp_path), "--sft-data", "", "--stages", "cold-start-data",
+                "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
+    assert loaded == ["Qwen/Qwen2.5-7B-Instruct"]
+    assert len(read_jsonl(tmp_path / "2-cold-start-data" / "traces.jsonl")) == 3
+    assert [r["kept_fraction"] for r in read_metrics(tmp_path) if r.get("event") == "distill"] == [0.5]
+    assert "cold-start-data: kept 3 of 6 problems (50.0%)" in capsys.readouterr().out
+    config = train.parse_config(train.TrainConfig, ["--recipe", "npr", "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
+    assert [s.teacher for s in train.recipe(config)] == [""] * 5  # self-distillation
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
