@@ -17,6 +17,7 @@ config (curriculum.py), the flags and the final table (train.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -117,6 +118,7 @@ class Runner:
             self.console.print(f"[dim]{stage.name}: done already ({self.folder(stage)}), skipped[/]")
         else:
             self.folder(stage).mkdir(parents=True, exist_ok=True)
+            (self.folder(stage) / "eval.json").unlink(missing_ok=True)  # a new model: its old evaluation is stale
             started = time.perf_counter()
             if stage.kind == "distill":
                 self.distill(stage)
@@ -162,20 +164,17 @@ class Runner:
 
     def evaluate(self, stage: Stage) -> dict | None:
         """Held-out evaluation of a stage's model on each --eval-data set, kept in its eval.json and
-        done again only when the evaluation flags change. -> {data spec: evaluation.summarize(...)},
-        or None when --eval-problems is 0."""
+        done again only when something that changes what it samples changes (`eval_key`).
+        -> {data spec: evaluation.summarize(...)}, or None when --eval-problems is 0."""
         config, out = self.config, self.folder(stage) / "eval.json"
-        if not config.eval_problems or not config.eval_data:
+        if not config.eval_problems or not self.eval_sets():
             return None
-        how = {"data": self.eval_sets(), "problems": config.eval_problems, "samples": config.eval_samples,
-               "temperature": config.temperature, "seed": config.seed, "paths": config.paths,
-               "max_new_tokens": config.max_new_tokens}
+        how = self.eval_key()
         saved = json.loads(out.read_text()) if out.exists() else {}
         if saved.get("how") == how:
             return saved["results"]
         model, tokenizer, policy = self.load(str(self.folder(stage) / "final"))
-        sampling = SamplerSettings.taken_from(config)
-        per_call = max(1, config.prompts_per_step * config.group_size // config.eval_samples)  # a GRPO step's responses
+        sampling, per_call = SamplerSettings.taken_from(config), self.eval_batch()
         results, started = {}, time.perf_counter()
         with progress(self.console) as bar:
             for spec in self.eval_sets():
@@ -189,6 +188,22 @@ class Runner:
         self.log.write({"stage": stage.name, "event": "eval", "seconds": time.perf_counter() - started,
                         "results": results})
         return results
+
+    def eval_key(self) -> dict:
+        """What decides a held-out evaluation's samples, the key of its eval.json: the sets and
+        their fields, every SamplerSettings field, every Policy field the config sets (mode,
+        temperature, ...), the prompt, and the batching (each sampler call has its own seed).
+        Built from the dataclasses, so a new sampler or policy knob is part of it."""
+        config = self.config
+        policy = {f.name: getattr(config, f.name) for f in dataclasses.fields(Policy) if hasattr(config, f.name)}
+        return {"data": self.eval_sets(), "fields": [config.question_field, config.answer_field],
+                "problems": config.eval_problems, "samples": config.eval_samples, "batch": self.eval_batch(),
+                "instructions": self.instructions, "chat": config.chat,
+                **dataclasses.asdict(SamplerSettings.taken_from(config)), **policy}
+
+    def eval_batch(self) -> int:
+        """Problems per sampler call of an evaluation: a GRPO step's responses."""
+        return max(1, self.config.prompts_per_step * self.config.group_size // self.config.eval_samples)
 
     # --- where things are -------------------------------------------------------------------
     def folder(self, stage: Stage) -> Path:

@@ -272,3 +272,23 @@ def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
     stages = {s.name: s for s in train.recipe(config)}
     assert list(stages) == ["pretrain", "sft", "rl-hard", "baseline-rl-hard"]
     assert (stages["rl-hard"].start, stages["baseline-rl-hard"].start) == ("sft", "pretrain")
+
+
+@pytest.mark.parametrize("flags", [["--mode", "causal"], ["--max-path-tokens", "7"], ["--top-k", "5"],
+                                   ["--top-p", "0.9"], ["--max-blocks", "1"], ["--instructions", "parallel"],
+                                   ["--no-chat"], ["--seed", "1"], ["--temperature", "0.5"]])
+def test_held_out_results_are_reused_only_while_nothing_that_changes_the_samples_changes(tmp_path, flags):
+    base = ["--out", str(tmp_path), "--eval-problems", "1", "--eval-samples", "1", "--max-new-tokens", "8"]
+
+    def evaluations(*more):
+        config = train.parse_config(train.TrainConfig, [*base, *more])
+        runner = nanopar.runner.Runner(config, train.recipe(config))
+        stage = runner.stages[0]
+        if not (runner.folder(stage) / "final").exists():
+            save_checkpoint(runner.folder(stage) / "final", *load_model(ModelSettings("toy:model")))
+        runner.evaluate(stage)
+        return len([r for r in read_metrics(tmp_path) if r.get("event") == "eval"])
+
+    assert evaluations() == 1
+    assert evaluations("--checkpoint-every", "3", "--lr", "1") == 1  # not a sampling setting
+    assert evaluations(*flags) == 2
