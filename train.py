@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> Path:
     stages = recipe(config)
     chosen = select(stages, config.stages)
     runner = Runner(config, stages, console)
+    config.eval_data = ",".join(runner.eval_sets())  # "auto" resolved: config.json says what was held out
     runner.validate(chosen)
     save_config(config, runner.out)
     started = time.perf_counter()

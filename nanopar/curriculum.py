@@ -92,7 +92,7 @@ class TrainConfig(SamplerSettings):
     baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
     # held-out evaluation after every training stage (the final table)
-    eval_data: str = "toy:easy:heldout,toy:hard:heldout"  # comma list of data sets (benchmark, .jsonl, toy:...)
+    eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
     eval_problems: int = 100  # first N problems of each (0 = no evaluation)
     eval_samples: int = 2  # responses per problem, at --temperature
     # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)

@@ -56,7 +56,8 @@ class Runner:
         self.log = MetricsLog(self.out / "metrics.jsonl")
         self.console = console or Console()
         self.instructions = instructions_named(config.instructions)
-        self._problems: dict[str, list[Problem]] = {}  # loaded data sets, by spec
+        self._problems: dict[str, list[Problem]] = {}  # loaded training sets, by spec
+        self._auto_eval: list[str] | None = None  # what --eval-data auto stands for, once worked out
 
     # --- the loop -------------------------------------------------------------------------------
     def train(self, stage: Stage) -> None:
@@ -236,10 +237,13 @@ class Runner:
         return model, tokenizer, Policy.of(tokenizer, config.mode, config.temperature)
 
     def problems(self, spec: str) -> list[Problem]:
+        """A training set (--limit: its first N), less any tail of it an evaluation set holds out:
+        with the evaluation set "x.jsonl[-100:]" the run trains on "x.jsonl[:-100]"."""
         if spec not in self._problems:
             config = self.config
-            self._problems[spec] = load_problems(spec, config.question_field or None, config.answer_field or None,
-                                                 config.limit or None)
+            held = max((count for base, count in map(_tail, self.eval_sets()) if base == spec), default=0)
+            self._problems[spec] = load_problems(f"{spec}[:-{held}]" if held else spec, config.question_field or None,
+                                                 config.answer_field or None, config.limit or None)
             if not self._problems[spec]:
                 raise NanoparError(f"no problems in {spec}")
         return self._problems[spec]
@@ -295,7 +299,25 @@ class Runner:
         return random.Random(f"{self.config.seed}/{stage.name}/sample/{step}").randrange(2**31)
 
     def eval_sets(self) -> list[str]:
-        return [spec.strip() for spec in self.config.eval_data.split(",") if spec.strip()]
+        """The --eval-data sets. "auto" follows the run's easy and hard data: a toy set's held-out
+        twin ("toy:easy" -> "toy:easy:heldout"), a shipped training set's test set (gsm8k_train ->
+        gsm8k), else the set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"),
+        which `problems` leaves out of training. Never a problem the run trains on."""
+        config = self.config
+        if config.eval_data != "auto":
+            return [spec.strip() for spec in config.eval_data.split(",") if spec.strip()]
+        if self._auto_eval is None:
+            self._auto_eval = []
+            for spec in dict.fromkeys(s for s in (config.easy_data, config.hard_data) if s and config.eval_problems):
+                if spec.startswith("toy:"):
+                    self._auto_eval.append(f"{spec}:heldout")
+                elif spec in TEST_SETS:
+                    self._auto_eval.append(TEST_SETS[spec])
+                else:
+                    whole = load_problems(spec, config.question_field or None, config.answer_field or None)
+                    if len(whole) >= 2:
+                        self._auto_eval.append(f"{spec}[-{min(config.eval_problems, len(whole) // 2)}:]")
+        return self._auto_eval
 
     def eval_problems(self, spec: str) -> list[Problem]:
         """The first --eval-problems problems of an evaluation set (a fixed list: every stage sees the same)."""
@@ -313,6 +335,14 @@ class Runner:
                 self.traces(stage)
         for spec in self.eval_sets() if self.config.eval_problems else []:
             self.eval_problems(spec)
+
+
+def _tail(spec: str) -> tuple[str, int]:
+    """"x.jsonl[-100:]" -> ("x.jsonl", 100); a spec that is not a tail -> (spec, 0)."""
+    sliced = SLICE.match(spec)
+    if sliced and sliced[2].startswith("-") and not sliced[3]:
+        return sliced[1], -int(sliced[2])
+    return spec, 0
 
 
 def _brief(metrics: dict) -> str:

@@ -292,3 +292,42 @@ def test_held_out_results_are_reused_only_while_nothing_that_changes_the_samples
     assert evaluations() == 1
     assert evaluations("--checkpoint-every", "3", "--lr", "1") == 1  # not a sampling setting
     assert evaluations(*flags) == 2
+
+
+def jsonl_problems(path, problems):
+    path.write_text("".join(json.dumps({"question": p.question, "answer": p.answer}) + "\n"
+                            for p in problems))
+    return str(path)
+
+
+def test_default_held_out_data_follows_the_run_and_is_never_trained_on(tmp_path, monkeypatch):
+    """--eval-data auto on a .jsonl run: the last --eval-problems problems of each set are
+    evaluated and never trained on; config.json says so."""
+    from nanopar.toy import toy_problems
+
+    easy = jsonl_problems(tmp_path / "easy.jsonl", toy_problems("toy:easy")[:12])
+    hard = jsonl_problems(tmp_path / "hard.jsonl", toy_problems("toy:hard")[:12])
+    trained, evaluated = set(), set()
+    real_step, real_evaluate = nanopar.runner.grpo_step, nanopar.runner.evaluate
+    monkeypatch.setattr(nanopar.runner, "grpo_step", lambda model, tokenizer, optimizer, batch, *rest:
+                        trained.update(p.id for p in batch) or real_step(model, tokenizer, optimizer, batch, *rest))
+    monkeypatch.setattr(nanopar.runner, "evaluate", lambda model, tokenizer, problems, *rest, **named:
+                        evaluated.update(p.id for p in problems) or real_evaluate(model, tokenizer, problems, *rest,
+                                                                                  **named))
+    run = tmp_path / "run"
+    train.main(["--out", str(run), *SMALL, "--pretrain-data", "", "--easy-data", easy, "--hard-data", hard,
+                "--eval-problems", "4", "--prompts-per-step", "4", "--rl-easy-steps", "2", "--rl-hard-steps", "2"])
+    assert json.loads((run / "config.json").read_text())["eval_data"] == f"{easy}[-4:],{hard}[-4:]"
+    assert evaluated == {f"{level}:{n}" for level in ("easy", "hard") for n in range(9, 13)}
+    assert trained == {f"{level}:{n}" for level in ("easy", "hard") for n in range(1, 9)}  # one epoch each
+
+
+def test_auto_eval_data_for_toy_shipped_and_explicit_sets(tmp_path):
+    def sets(*flags):
+        config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
+        return nanopar.runner.Runner(config, train.recipe(config)).eval_sets()
+
+    assert sets() == ["toy:easy:heldout", "toy:hard:heldout"]  # the default run's sets, as before
+    assert sets("--easy-data", "gsm8k_train", "--hard-data", "aime24") == ["gsm8k", "aime24[-15:]"]
+    assert sets("--hard-data", "math500", "--eval-data", "aime25") == ["aime25"]  # explicit wins
+    assert sets("--eval-problems", "0") == []
