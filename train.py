@@ -7,6 +7,7 @@
         --pretrain-data "" --easy-data gsm8k_train --hard-data path/to/dapo.jsonl \\
         --sft-data parallel_gsm8k.jsonl --instructions parallel --paths 2 --max-new-tokens 1024
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
+    python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> Path:
     stages = recipe(config)
     chosen = select(stages, config.stages)
     runner = Runner(config, stages, console)
+    config.eval_data = ",".join(runner.eval_sets())  # "auto" resolved: config.json says what was held out
     runner.validate(chosen)
     save_config(config, runner.out)
     started = time.perf_counter()

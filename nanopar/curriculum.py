@@ -3,6 +3,7 @@
     parallel-r1   [pretrain] -> cold-start-data -> sft -> rl-easy -> rl-hard
     npr           [pretrain] -> format-rl -> rejection -> sft -> parallel-rl
     --baseline    + baseline-rl-easy -> baseline-rl-hard (accuracy-only GRPO from the same base)
+    --skip rl-easy  the recipe without a stage (an ablation): rl-hard starts from sft
 
 A `Stage` is data: its kind (distill: write traces; sft; grpo), problems, steps, reward or
 schedule, traces, learning rate, and which stage's `final/` it starts from (by default the
@@ -14,7 +15,7 @@ so the sampler's knobs are declared once. Not here: how a stage runs (runner.py)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import NanoparError
 from .sampler import SamplerSettings
@@ -36,6 +37,7 @@ class Stage:
     lr: float = 1e-5  # learning rate of this stage
     start: str | None = None  # the stage whose final/ it starts from; None = the previous training stage,
     #                           "" = the configured --model
+    teacher: str = ""  # distill: the model that writes the traces; "" = the stage's input model
 
 
 @dataclass
@@ -50,6 +52,7 @@ class TrainConfig(SamplerSettings):
     out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
     recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
     stages: str = "all"  # comma list of stage names to run, or "all"
+    skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
     seed: int = 0  # seeds LoRA init, problem order and every sampling step
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
     preset: str = ""  # "long": the ~25-minute toy run (train.py's PRESETS); flags given explicitly still win
@@ -69,6 +72,7 @@ class TrainConfig(SamplerSettings):
     easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
     hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
     sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
+    teacher: str = ""  # strong model writing cold-start-data (hub id, folder, checkpoint, tiny:*; "" = its input); not NPR's rejection: self-distilled
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # field of the gold answer ("" = answer)
     limit: int = 0  # use only the first N problems of each data set (0 = all)
@@ -89,7 +93,7 @@ class TrainConfig(SamplerSettings):
     baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
     # held-out evaluation after every training stage (the final table)
-    eval_data: str = "toy:easy:heldout,toy:hard:heldout"  # comma list of data sets (benchmark, .jsonl, toy:...)
+    eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
     eval_problems: int = 100  # first N problems of each (0 = no evaluation)
     eval_samples: int = 2  # responses per problem, at --temperature
     # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)
@@ -122,7 +126,8 @@ def recipe(config: TrainConfig) -> list[Stage]:
     base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr)
             ] if c.pretrain_data else []
     if c.recipe == "parallel-r1":
-        cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1)]
+        cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1,
+                                                  teacher=c.teacher)]
         stages = base + cold_start + [
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
             Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
@@ -145,7 +150,34 @@ def recipe(config: TrainConfig) -> list[Stage]:
                   start=start),
             Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr),
         ]
-    return stages
+    return skip(stages, c.skip)
+
+
+def source_of(stages: list[Stage], stage: Stage) -> Stage | None:
+    """The stage whose final/ `stage` starts from (None: the configured --model)."""
+    if stage.start is None:
+        before = [s for s in stages[: stages.index(stage)] if s.kind != "distill"]
+        return before[-1] if before else None
+    return next((s for s in stages if s.name == stage.start), None) if stage.start else None
+
+
+def skip(stages: list[Stage], names: str) -> list[Stage]:
+    """The recipe without the stages named in a comma list. A stage that started from a skipped
+    one starts from what that one started from (skip rl-easy: rl-hard starts from sft)."""
+    if not names.strip():
+        return stages
+    skipped = {s.name for s in select(stages, names)}
+    readers = [s.name for s in stages if s.traces in skipped and s.name not in skipped]
+    if readers:
+        raise NanoparError(f"--skip {names}: stage {readers[0]} reads its traces; give them with --sft-data")
+    kept = []
+    for stage in stages:
+        source = source_of(stages, stage)
+        while source is not None and source.name in skipped:
+            source = source_of(stages, source)
+        if stage.name not in skipped:
+            kept.append(stage if source is source_of(stages, stage) else replace(stage, start=source.name if source else ""))
+    return kept
 
 
 def select(stages: list[Stage], names: str) -> list[Stage]:

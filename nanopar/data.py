@@ -4,6 +4,7 @@
     load_problems("data/my_set.jsonl")             # JSON Lines (or .txt: a question a line)
     load_problems("openai/gsm8k:main", split="test")   # a hub data set (owner/name[:config])
     load_problems("toy:easy")                     # a registered source (here the toy world)
+    load_problems("data/my_set.jsonl[-100:]")      # any of them sliced (Python's syntax): the last 100
     load_traces("toy:parallel") / load_traces("traces.jsonl")   # question/answer/response records
 
 Sources are the plug-in point for synthetic worlds: `SOURCES` maps a spec prefix to a `Source`
@@ -104,6 +105,10 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "amc23": ("amc23.jsonl", "problem", "answer"),
 }
 
+# a shipped training set -> its shipped test set: the held-out data of a run that trains on it
+TEST_SETS: dict[str, str] = {"gsm8k_train": "gsm8k"}
+
+SLICE = re.compile(r"^(.+)\[(-?\d*):(-?\d*)\]$")  # "spec[start:stop]": a slice of a data set's problems
 QUESTION_FIELDS = ("question", "problem", "prompt")  # tried in this order when none is named
 ANSWER_FIELD = "answer"
 ID_FIELDS = ("id", "unique_id")  # a record's own id, when it has one
@@ -119,7 +124,7 @@ def load_problems(
     split: str = "train",
 ) -> list[Problem]:
     """Problems from a registered source ("toy:easy"), a shipped benchmark name, a .jsonl / .txt
-    file, or a hub data set.
+    file, or a hub data set; any of them sliced by a suffix "[start:stop]" (e.g. "[-100:]").
 
     `question_field` / `answer_field` name the record fields (defaults above; `answer_field=""`:
     records without answers, e.g. prompts to sample); `limit` keeps the first N problems; `split`
@@ -127,9 +132,16 @@ def load_problems(
 
     >>> [(p.id, p.answer) for p in load_problems("aime24", limit=2)]
     [('aime24:1', '204'), ('aime24:2', '113')]
+    >>> [p.id for p in load_problems("aime24[-2:]")]
+    ['aime24:29', 'aime24:30']
     """
     if limit is not None and limit < 0:
         raise NanoparError(f"limit must be >= 0, not {limit}")
+    sliced = SLICE.match(spec)
+    if sliced:  # the whole set, then the slice, then the limit
+        whole = load_problems(sliced[1], question_field, answer_field, None, split)
+        start, stop = (int(bound) if bound else None for bound in sliced.group(2, 3))
+        return whole[start:stop][:limit]
     source = source_for(spec)
     if source is not None:
         return source.problems(spec)[:limit]

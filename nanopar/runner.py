@@ -17,6 +17,7 @@ config (curriculum.py), the flags and the final table (train.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -28,8 +29,8 @@ from rich.console import Console
 
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
-from .curriculum import Stage, TrainConfig
-from .data import Problem, load_problems, load_traces, write_jsonl
+from .curriculum import Stage, TrainConfig, source_of
+from .data import SLICE, TEST_SETS, Problem, load_problems, load_traces, write_jsonl
 from .evaluation import evaluate, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
 from .metrics import MetricsLog
@@ -55,7 +56,8 @@ class Runner:
         self.log = MetricsLog(self.out / "metrics.jsonl")
         self.console = console or Console()
         self.instructions = instructions_named(config.instructions)
-        self._problems: dict[str, list[Problem]] = {}  # loaded data sets, by spec
+        self._problems: dict[str, list[Problem]] = {}  # loaded training sets, by spec
+        self._auto_eval: list[str] | None = None  # what --eval-data auto stands for, once worked out
 
     # --- the loop -------------------------------------------------------------------------------
     def train(self, stage: Stage) -> None:
@@ -117,6 +119,7 @@ class Runner:
             self.console.print(f"[dim]{stage.name}: done already ({self.folder(stage)}), skipped[/]")
         else:
             self.folder(stage).mkdir(parents=True, exist_ok=True)
+            (self.folder(stage) / "eval.json").unlink(missing_ok=True)  # a new model: its old evaluation is stale
             started = time.perf_counter()
             if stage.kind == "distill":
                 self.distill(stage)
@@ -127,8 +130,10 @@ class Runner:
             self.evaluate(stage)
 
     def distill(self, stage: Stage) -> None:
-        """Sample `tries` responses per problem; keep one correct, valid parallel trace."""
-        model, tokenizer, policy = self.load(self.input_model(stage))
+        """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
+        strong model) or its input model (NPR's rejection: self-distillation); keep one correct,
+        valid parallel trace per problem."""
+        model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage))
         problems = self.problems(stage.data)
         eos, kept = stop_ids(model, tokenizer), []
         chunk = max(1, self.config.prompts_per_step)
@@ -160,20 +165,17 @@ class Runner:
 
     def evaluate(self, stage: Stage) -> dict | None:
         """Held-out evaluation of a stage's model on each --eval-data set, kept in its eval.json and
-        done again only when the evaluation flags change. -> {data spec: evaluation.summarize(...)},
-        or None when --eval-problems is 0."""
+        done again only when something that changes what it samples changes (`eval_key`).
+        -> {data spec: evaluation.summarize(...)}, or None when --eval-problems is 0."""
         config, out = self.config, self.folder(stage) / "eval.json"
-        if not config.eval_problems or not config.eval_data:
+        if not config.eval_problems or not self.eval_sets():
             return None
-        how = {"data": self.eval_sets(), "problems": config.eval_problems, "samples": config.eval_samples,
-               "temperature": config.temperature, "seed": config.seed, "paths": config.paths,
-               "max_new_tokens": config.max_new_tokens}
+        how = self.eval_key()
         saved = json.loads(out.read_text()) if out.exists() else {}
         if saved.get("how") == how:
             return saved["results"]
         model, tokenizer, policy = self.load(str(self.folder(stage) / "final"))
-        sampling = SamplerSettings.taken_from(config)
-        per_call = max(1, config.prompts_per_step * config.group_size // config.eval_samples)  # a GRPO step's responses
+        sampling, per_call = SamplerSettings.taken_from(config), self.eval_batch()
         results, started = {}, time.perf_counter()
         with progress(self.console) as bar:
             for spec in self.eval_sets():
@@ -188,6 +190,22 @@ class Runner:
                         "results": results})
         return results
 
+    def eval_key(self) -> dict:
+        """What decides a held-out evaluation's samples, the key of its eval.json: the sets and
+        their fields, every SamplerSettings field, every Policy field the config sets (mode,
+        temperature, ...), the prompt, and the batching (each sampler call has its own seed).
+        Built from the dataclasses, so a new sampler or policy knob is part of it."""
+        config = self.config
+        policy = {f.name: getattr(config, f.name) for f in dataclasses.fields(Policy) if hasattr(config, f.name)}
+        return {"data": self.eval_sets(), "fields": [config.question_field, config.answer_field],
+                "problems": config.eval_problems, "samples": config.eval_samples, "batch": self.eval_batch(),
+                "instructions": self.instructions, "chat": config.chat,
+                **dataclasses.asdict(SamplerSettings.taken_from(config)), **policy}
+
+    def eval_batch(self) -> int:
+        """Problems per sampler call of an evaluation: a GRPO step's responses."""
+        return max(1, self.config.prompts_per_step * self.config.group_size // self.config.eval_samples)
+
     # --- where things are -------------------------------------------------------------------
     def folder(self, stage: Stage) -> Path:
         return self.out / f"{self.stages.index(stage) + 1}-{stage.name}"
@@ -198,17 +216,13 @@ class Runner:
     def input_model(self, stage: Stage) -> str:
         """The `final/` of the stage `stage.start` names (by default the last training stage before
         it), or the configured model."""
-        if stage.start is None:
-            before = [s for s in self.stages[: self.stages.index(stage)] if s.kind != "distill"]
-            source = before[-1] if before else None
-        else:
-            source = next((s for s in self.stages if s.name == stage.start), None) if stage.start else None
+        source = source_of(self.stages, stage)
         if source is None:
             return self.config.model
         final = self.folder(source) / "final"
         if not final.exists():
             raise NanoparError(f"stage {stage.name} starts from stage {source.name}, which is not done "
-                               f"({final} is missing): run it first")
+                               f"({final} is missing): run it first, or leave it out with --skip {source.name}")
         return str(final)
 
     # --- what a stage reads -----------------------------------------------------------------
@@ -223,10 +237,13 @@ class Runner:
         return model, tokenizer, Policy.of(tokenizer, config.mode, config.temperature)
 
     def problems(self, spec: str) -> list[Problem]:
+        """A training set (--limit: its first N), less any tail of it an evaluation set holds out:
+        with the evaluation set "x.jsonl[-100:]" the run trains on "x.jsonl[:-100]"."""
         if spec not in self._problems:
             config = self.config
-            self._problems[spec] = load_problems(spec, config.question_field or None, config.answer_field or None,
-                                                 config.limit or None)
+            held = max((count for base, count in map(_tail, self.eval_sets()) if base == spec), default=0)
+            self._problems[spec] = load_problems(f"{spec}[:-{held}]" if held else spec, config.question_field or None,
+                                                 config.answer_field or None, config.limit or None)
             if not self._problems[spec]:
                 raise NanoparError(f"no problems in {spec}")
         return self._problems[spec]
@@ -282,7 +299,25 @@ class Runner:
         return random.Random(f"{self.config.seed}/{stage.name}/sample/{step}").randrange(2**31)
 
     def eval_sets(self) -> list[str]:
-        return [spec.strip() for spec in self.config.eval_data.split(",") if spec.strip()]
+        """The --eval-data sets. "auto" follows the run's easy and hard data: a toy set's held-out
+        twin ("toy:easy" -> "toy:easy:heldout"), a shipped training set's test set (gsm8k_train ->
+        gsm8k), else the set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"),
+        which `problems` leaves out of training. Never a problem the run trains on."""
+        config = self.config
+        if config.eval_data != "auto":
+            return [spec.strip() for spec in config.eval_data.split(",") if spec.strip()]
+        if self._auto_eval is None:
+            self._auto_eval = []
+            for spec in dict.fromkeys(s for s in (config.easy_data, config.hard_data) if s and config.eval_problems):
+                if spec.startswith("toy:"):
+                    self._auto_eval.append(f"{spec}:heldout")
+                elif spec in TEST_SETS:
+                    self._auto_eval.append(TEST_SETS[spec])
+                else:
+                    whole = load_problems(spec, config.question_field or None, config.answer_field or None)
+                    if len(whole) >= 2:
+                        self._auto_eval.append(f"{spec}[-{min(config.eval_problems, len(whole) // 2)}:]")
+        return self._auto_eval
 
     def eval_problems(self, spec: str) -> list[Problem]:
         """The first --eval-problems problems of an evaluation set (a fixed list: every stage sees the same)."""
@@ -300,6 +335,14 @@ class Runner:
                 self.traces(stage)
         for spec in self.eval_sets() if self.config.eval_problems else []:
             self.eval_problems(spec)
+
+
+def _tail(spec: str) -> tuple[str, int]:
+    """"x.jsonl[-100:]" -> ("x.jsonl", 100); a spec that is not a tail -> (spec, 0)."""
+    sliced = SLICE.match(spec)
+    if sliced and sliced[2].startswith("-") and not sliced[3]:
+        return sliced[1], -int(sliced[2])
+    return spec, 0
 
 
 def _brief(metrics: dict) -> str:

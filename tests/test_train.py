@@ -95,17 +95,17 @@ def test_an_interrupted_save_leaves_no_checkpoint_folder(tmp_path, monkeypatch):
     assert (tmp_path / "checkpoint-1" / "trainer_state.pt").is_file()
 
 
-def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch):
-    """Cold-start data: with a 'model' that writes a teacher trace for half the tries and a wrong
-    answer for the rest, the stage keeps exactly the problems with a correct, valid trace."""
+def half_right_sampler(monkeypatch):
+    """A stand-in for the sampler of a distill stage over 6 toy problems: a teacher trace for
+    every other problem, a wrong answer for the rest."""
     import random
 
     from nanopar.toy import parallel_trace, toy_problems
 
     problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
+    tokenizer = load_model(ModelSettings("toy:model"))[1]
 
     def fake_sample(model, prompts, policy, settings, eos, samples_per_prompt):
-        tokenizer = nanopar.runner.load_model(ModelSettings("toy:model"))[1]
         rollouts = []
         for i, prompt in enumerate(prompts):
             problem = problems[tokenizer.decode(prompt).strip()]
@@ -117,6 +117,12 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
 
     monkeypatch.setattr(nanopar.runner, "sample", fake_sample)
     monkeypatch.setattr(nanopar.toy, "TOY_TRAIN_PROBLEMS", 6)
+
+
+def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch):
+    """Cold-start data: with a 'model' that writes a teacher trace for half the tries and a wrong
+    answer for the rest, the stage keeps exactly the problems with a correct, valid trace."""
+    half_right_sampler(monkeypatch)
     with pytest.raises(NanoparError, match="rl-easy starts from stage sft, which is not done"):
         train.main(["--out", str(tmp_path), "--sft-data", "", "--pretrain-data", "", "--stages",
                     "cold-start-data,rl-easy", "--distill-tries", "2"])
@@ -124,6 +130,23 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
     assert len(kept) == 3 and all("Final Answer: 99+" not in r["response"] for r in kept)
     log = read_metrics(tmp_path)
     assert [r["kept_fraction"] for r in log if r.get("event") == "distill"] == [0.5]
+
+
+def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
+    """--teacher: cold-start-data samples the named model, not its input model (here the
+    pretrain stage's final/, which does not even exist); NPR's rejection stage ignores it."""
+    half_right_sampler(monkeypatch)
+    loaded, real = [], nanopar.runner.load_model
+    monkeypatch.setattr(nanopar.runner, "load_model",
+                        lambda settings: loaded.append(settings.name_or_path) or real(ModelSettings("toy:model")))
+    train.main(["--out", str(tmp_path), "--sft-data", "", "--stages", "cold-start-data",
+                "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
+    assert loaded == ["Qwen/Qwen2.5-7B-Instruct"]
+    assert len(read_jsonl(tmp_path / "2-cold-start-data" / "traces.jsonl")) == 3
+    assert [r["kept_fraction"] for r in read_metrics(tmp_path) if r.get("event") == "distill"] == [0.5]
+    assert "cold-start-data: kept 3 of 6 problems (50.0%)" in capsys.readouterr().out
+    config = train.parse_config(train.TrainConfig, ["--recipe", "npr", "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
+    assert [s.teacher for s in train.recipe(config)] == [""] * 5  # self-distillation
 
 
 @pytest.mark.parametrize(
@@ -136,6 +159,8 @@ def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch
         (["--easy-data", "missing.jsonl"], "benchmark or file not found: missing.jsonl"),
         (["--preset", "huge"], "unknown preset 'huge': use one of long"),
         (["--eval-data", "toy:medium:heldout"], "unknown toy data 'toy:medium:heldout'"),
+        (["--skip", "rl-esay"], "unknown stage(s) rl-esay: this recipe has pretrain, sft, rl-easy, rl-hard"),
+        (["--sft-data", "", "--skip", "cold-start-data"], "--skip cold-start-data: stage sft reads its traces"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message, tmp_path):
@@ -224,3 +249,85 @@ def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
         grads[bool(flags)] = model.model.embed_tokens.weight.grad.clone()
     assert calls == {False: 1, True: 2}
     assert torch.allclose(grads[False], grads[True], atol=1e-6)
+
+
+def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
+    """The ablation "no stage-1 RL": --skip rl-easy makes `--stages sft,rl-hard` a run, rl-hard
+    starting from sft's final/; folders are numbered over the stages that remain."""
+    args = ["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--checkpoint-every", "0",
+            "--stages", "sft,rl-hard", "--skip", "rl-easy"]
+    train.main(args)
+    config = train.parse_config(train.TrainConfig, args)
+    stages = train.recipe(config)
+    runner = nanopar.runner.Runner(config, stages)
+    assert [s.name for s in stages] == ["sft", "rl-hard"]
+    assert runner.input_model(stages[1]) == str(tmp_path / "1-sft" / "final")
+    assert sorted(f.name for f in tmp_path.glob("[0-9]-*")) == ["1-sft", "2-rl-hard"]
+    log = read_metrics(tmp_path)
+    assert [r["stage"] for r in log if r.get("event") == "done"] == ["sft", "rl-hard"]
+    assert [r["step"] for r in log if r.get("stage") == "rl-hard" and "step" in r] == [1, 2]
+    assert [r["stage"] for r in log if r.get("event") == "eval"] == ["sft", "rl-hard"]
+    # a skipped stage with its own start passes it on: the baseline still starts from the base
+    config = train.parse_config(train.TrainConfig, ["--baseline", "--skip", "baseline-rl-easy,rl-easy"])
+    stages = {s.name: s for s in train.recipe(config)}
+    assert list(stages) == ["pretrain", "sft", "rl-hard", "baseline-rl-hard"]
+    assert (stages["rl-hard"].start, stages["baseline-rl-hard"].start) == ("sft", "pretrain")
+
+
+@pytest.mark.parametrize("flags", [["--mode", "causal"], ["--max-path-tokens", "7"], ["--top-k", "5"],
+                                   ["--top-p", "0.9"], ["--max-blocks", "1"], ["--instructions", "parallel"],
+                                   ["--no-chat"], ["--seed", "1"], ["--temperature", "0.5"]])
+def test_held_out_results_are_reused_only_while_nothing_that_changes_the_samples_changes(tmp_path, flags):
+    base = ["--out", str(tmp_path), "--eval-problems", "1", "--eval-samples", "1", "--max-new-tokens", "8"]
+
+    def evaluations(*more):
+        config = train.parse_config(train.TrainConfig, [*base, *more])
+        runner = nanopar.runner.Runner(config, train.recipe(config))
+        stage = runner.stages[0]
+        if not (runner.folder(stage) / "final").exists():
+            save_checkpoint(runner.folder(stage) / "final", *load_model(ModelSettings("toy:model")))
+        runner.evaluate(stage)
+        return len([r for r in read_metrics(tmp_path) if r.get("event") == "eval"])
+
+    assert evaluations() == 1
+    assert evaluations("--checkpoint-every", "3", "--lr", "1") == 1  # not a sampling setting
+    assert evaluations(*flags) == 2
+
+
+def jsonl_problems(path, problems):
+    path.write_text("".join(json.dumps({"question": p.question, "answer": p.answer}) + "\n"
+                            for p in problems))
+    return str(path)
+
+
+def test_default_held_out_data_follows_the_run_and_is_never_trained_on(tmp_path, monkeypatch):
+    """--eval-data auto on a .jsonl run: the last --eval-problems problems of each set are
+    evaluated and never trained on; config.json says so."""
+    from nanopar.toy import toy_problems
+
+    easy = jsonl_problems(tmp_path / "easy.jsonl", toy_problems("toy:easy")[:12])
+    hard = jsonl_problems(tmp_path / "hard.jsonl", toy_problems("toy:hard")[:12])
+    trained, evaluated = set(), set()
+    real_step, real_evaluate = nanopar.runner.grpo_step, nanopar.runner.evaluate
+    monkeypatch.setattr(nanopar.runner, "grpo_step", lambda model, tokenizer, optimizer, batch, *rest:
+                        trained.update(p.id for p in batch) or real_step(model, tokenizer, optimizer, batch, *rest))
+    monkeypatch.setattr(nanopar.runner, "evaluate", lambda model, tokenizer, problems, *rest, **named:
+                        evaluated.update(p.id for p in problems) or real_evaluate(model, tokenizer, problems, *rest,
+                                                                                  **named))
+    run = tmp_path / "run"
+    train.main(["--out", str(run), *SMALL, "--pretrain-data", "", "--easy-data", easy, "--hard-data", hard,
+                "--eval-problems", "4", "--prompts-per-step", "4", "--rl-easy-steps", "2", "--rl-hard-steps", "2"])
+    assert json.loads((run / "config.json").read_text())["eval_data"] == f"{easy}[-4:],{hard}[-4:]"
+    assert evaluated == {f"{level}:{n}" for level in ("easy", "hard") for n in range(9, 13)}
+    assert trained == {f"{level}:{n}" for level in ("easy", "hard") for n in range(1, 9)}  # one epoch each
+
+
+def test_auto_eval_data_for_toy_shipped_and_explicit_sets(tmp_path):
+    def sets(*flags):
+        config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
+        return nanopar.runner.Runner(config, train.recipe(config)).eval_sets()
+
+    assert sets() == ["toy:easy:heldout", "toy:hard:heldout"]  # the default run's sets, as before
+    assert sets("--easy-data", "gsm8k_train", "--hard-data", "aime24") == ["gsm8k", "aime24[-15:]"]
+    assert sets("--hard-data", "math500", "--eval-data", "aime25") == ["aime25"]  # explicit wins
+    assert sets("--eval-problems", "0") == []
