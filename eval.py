@@ -70,6 +70,7 @@ class EvalConfig(SamplerSettings):
     device: str = "auto"  # cpu / cuda / auto
     # how to sample (every SamplerSettings knob is a flag; these defaults are train.py's toy ones)
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
+    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     samples: int = 4  # k: responses per problem (mean@k, pass@k)
     pass_k: int = 0  # k of pass@k (0 = --samples)
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
 def run(config: EvalConfig, console: Console) -> dict:
     settings = SamplerSettings.taken_from(config)
     settings.check()  # everything that can be wrong fails before the (slow) model load
-    Policy(None, config.mode, config.temperature)  # checks mode and temperature
+    Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
     instructions = instructions_named(config.instructions)
     if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0:
         raise NanoparError("--samples and --batch-size must be >= 1, --speedup-batches >= 0")
@@ -121,7 +122,7 @@ def run(config: EvalConfig, console: Console) -> dict:
                            "or give --model (hub id, folder, checkpoint, or toy:model for a random toy model)")
     model, tokenizer = load_model(ModelSettings(config.model, dtype=config.dtype, device=config.device,
                                                 load_in_4bit=config.load_in_4bit))
-    policy = Policy.of(tokenizer, config.mode, config.temperature)
+    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride)
     out = Path(config.out)
     save_config(config, out)
     summary = {"model": config.model, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}

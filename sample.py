@@ -39,6 +39,7 @@ class SampleConfig(SamplerSettings):
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     system: str = ""  # system message for the chat template ("" = the template's default)
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
+    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     temperature: float = 0.7  # 0 = greedy
     load_in_4bit: bool = False  # quantise the base model to NF4 (bitsandbytes)
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise NanoparError("--model is required (hub id, local folder or nanopar checkpoint)")
     settings = SamplerSettings.taken_from(config)
     settings.check()  # before the (slow) model load
-    Policy(None, config.mode, config.temperature)  # checks mode and temperature
+    Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
     instructions = instructions_named(config.instructions)
     prompts = ([config.prompt] if config.prompt else []) + (
         [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model, tokenizer = load_model(
         ModelSettings(config.model, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit)
     )
-    policy = Policy.of(tokenizer, config.mode, config.temperature)
+    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride)
     ids = [build_prompt(p, tokenizer, instructions=instructions, system=config.system or None,
                         chat=config.chat) for p in prompts]
     rollouts = sample(model, ids, policy, settings, stop_ids(model, tokenizer), config.samples)

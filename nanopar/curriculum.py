@@ -66,6 +66,7 @@ class TrainConfig(SamplerSettings):
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
     device: str = "auto"  # cpu / cuda / auto
     mode: str = "structured"  # "structured" (Unseen: paths isolated) or "causal" (Seen)
+    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     gradient_checkpointing: bool = False  # recompute activations in backward: much less memory on a GPU, ~30% slower
     # the data
     pretrain_data: str = "toy:sequential"  # sequential traces to pretrain on first ("" = no pretraining)

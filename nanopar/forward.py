@@ -66,7 +66,7 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
 def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False):
     """Log-probs of each next token under the policy. -> ([B, T-1], entropy [B, T-1] or None)"""
     layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
-                          dtype=mask_dtype(model))
+                          dtype=mask_dtype(model), path_stride=policy.path_stride)
     logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
                    position_ids=layout.position_ids).logits[:, :-1]  # [B, T-1, V]
     logprobs = policy.logprobs(logits)  # [B, T-1, V']

@@ -97,7 +97,3 @@ def join(pieces: list[Piece]) -> Piece:
         for i in range(len(pieces[0]))
     ]
 
-
-def cache_from_pieces(piece: Piece, config) -> DynamicCache:
-    """A one-row DynamicCache holding `piece` (for re-prefilling a merged lane)."""
-    return DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in piece], config=config)

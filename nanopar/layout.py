@@ -4,16 +4,16 @@ Two modes, one function (`build_layout`), used by the sampler *and* the trainer 
 never disagree about what a token saw:
 
 - "structured" (Parallel-R1's Unseen, NPR): a path sees the shared prefix and itself, never a
-  sibling; everything outside a block's paths (`</Parallel>`, the summary, the main chain after
-  it) sees everything before it. *Multiverse positions*: every path of a block starts at the
-  same position, and the token after the paths continues at start + longest path.
-- "causal" (Seen): the plain causal mask and ordinary positions.
+  sibling; everything outside a block's paths sees everything before it. *Multiverse
+  positions*, one rule (`path_start`, `after_block`, also the sampler's): path k of a block
+  starts at start + k × stride, the token after the block continues after its furthest path.
+  Stride 0 (Multiverse, NPR) shares positions; stride ≥ the longest path (Parallel-R1's write-up)
+  gives each path a disjoint range.
+- "causal" (Seen): the plain causal mask and ordinary positions (the stride plays no part).
 
-Worked example (structured, P = <Parallel>, A/B = the two paths, / = </Parallel>):
-
-    tokens     q  P  A1 A2 A3 B1 B2 /  s
-    position   0  1  2  3  4  2  3  5  6
-    B1 sees    q  P  .  .  .  B1          (not A1..A3)
+    tokens          q  P  A1 A2 A3 B1 B2 /  s      (P = <Parallel>, A/B = paths, / = </Parallel>)
+    stride 0        0  1  2  3  4  2  3  5  6      B1 sees q P B1, never A1..A3
+    stride 3        0  1  2  3  4  5  6  7  8
 
 Which token belongs to which path comes from the lenient reading in `trace.py` (text between
 paths belongs to the path before it). The mask is additive float (0 = attend, finfo(dtype).min
@@ -48,8 +48,22 @@ def mask_dtype(model) -> torch.dtype:
     return dtype if dtype.is_floating_point else torch.float32
 
 
+def path_start(start: int, k: int, stride: int) -> int:
+    """The position of path k's first token (its <Path>) in a block whose paths start at `start`."""
+    return start + k * stride
+
+
+def after_block(start: int, lengths: list[int], stride: int) -> int:
+    """The position after a block: one past its furthest path (`lengths`: tokens of each path).
+
+    >>> after_block(5, [3, 1, 2], 0), after_block(5, [3, 1, 2], 4)
+    (8, 15)
+    """
+    return max(path_start(start, k, stride) + n for k, n in enumerate(lengths))
+
+
 def structured_roles(
-    ids: list[int], tag_ids: TagIds, prompt_length: int = 0
+    ids: list[int], tag_ids: TagIds, prompt_length: int = 0, path_stride: int = 0
 ) -> tuple[list[int], list[int], list[int]]:
     """Per token of one (unpadded) sequence: its position, its path number, its block number.
 
@@ -65,11 +79,12 @@ def structured_roles(
             continue
         for i in range(cursor, prompt_length + block.paths[0].start):  # shared text up to <Path>
             positions[i], position = position, position + 1
-        for path in block.paths:
+        for k, path in enumerate(block.paths):
+            first = path_start(position, k, path_stride)
             for j, i in enumerate(range(prompt_length + path.start, prompt_length + path.end)):
-                positions[i], path_of[i], block_of[i] = position + j, path_number, b
+                positions[i], path_of[i], block_of[i] = first + j, path_number, b
             path_number += 1
-        position += max(map(len, block.paths))
+        position = after_block(position, list(map(len, block.paths)), path_stride)
         cursor = prompt_length + block.paths[-1].end
     for i in range(cursor, n):
         positions[i], position = position, position + 1
@@ -83,6 +98,7 @@ def build_layout(
     attention_mask: torch.Tensor | None = None,  # [B, T] 1 = token, 0 = pad; None = no padding
     prompt_lengths: list[int] | None = None,  # per row: leading real tokens read as plain text
     dtype: torch.dtype = torch.float32,  # the model's compute dtype (sets the blocked value)
+    path_stride: int = 0,  # structured: path k starts at start + k * stride (0 = shared positions)
 ) -> Layout:
     """The 4D mask and position ids for a batch of traces in `mode`."""
     if mode not in MODES:
@@ -99,7 +115,7 @@ def build_layout(
         for row in range(B):
             where = real[row].nonzero().squeeze(-1).cpu()  # [n] the real tokens, in order
             prompt_length = prompt_lengths[row] if prompt_lengths is not None else 0
-            pos, path, block = structured_roles(input_ids[row, where].tolist(), tag_ids, prompt_length)
+            pos, path, block = structured_roles(input_ids[row, where].tolist(), tag_ids, prompt_length, path_stride)
             positions[row, where] = torch.tensor(pos, dtype=torch.long)
             path_of[row, where] = torch.tensor(path, dtype=torch.long)
             block_of[row, where] = torch.tensor(block, dtype=torch.long)

@@ -10,8 +10,8 @@ Sampling may restrict the policy further (top-k, top-p, a structural ban such as
 not the recorded log-prob: GRPO compares the policy with itself, and the trainer cannot see them.
 Greedy decoding (temperature 0) records log-probs at temperature 1.
 
-`Policy` is the one value that says which distribution that is (tags, attention mode,
-temperature, vocabulary): the sampler and the trainer both take it, so on-policy training does
+`Policy` is the one value that says which distribution that is (tags, attention mode, path
+position stride, temperature, vocabulary): the sampler and the trainer both take it, so on-policy training does
 not depend on two roads of arguments agreeing.
 """
 
@@ -34,17 +34,20 @@ class Policy:
     mode: str = "structured"  # attention layout: "structured" (Unseen: paths isolated) or "causal" (Seen)
     temperature: float = 1.0  # softmax(logits / T); 0 = greedy sampling, log-probs then read at T = 1
     vocab_size: int | None = None  # len(tokenizer): ids >= it (Qwen's padded rows) are cut away; None = all
+    path_stride: int = 0  # structured: path k starts at start + k * stride; 0 = shared, >= longest path = disjoint
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise NanoparError(f"unknown attention mode {self.mode!r}: use one of {', '.join(MODES)}")
         if self.temperature < 0:
             raise NanoparError(f"temperature must be >= 0, not {self.temperature}")
+        if self.path_stride < 0:
+            raise NanoparError(f"path_stride must be >= 0, not {self.path_stride}")
 
     @classmethod
-    def of(cls, tokenizer, mode: str = "structured", temperature: float = 1.0) -> "Policy":
+    def of(cls, tokenizer, mode: str = "structured", temperature: float = 1.0, path_stride: int = 0) -> "Policy":
         """The policy of a model with this tokenizer (its tags must be single tokens)."""
-        return cls(TagIds.from_tokenizer(tokenizer), mode, temperature, len(tokenizer))
+        return cls(TagIds.from_tokenizer(tokenizer), mode, temperature, len(tokenizer), path_stride)
 
     def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
         """log softmax(logits / T) over the real vocabulary. [..., V] -> [..., vocab_size]"""

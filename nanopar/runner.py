@@ -234,7 +234,7 @@ class Runner:
             name, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit,
             gradient_checkpointing=config.gradient_checkpointing, lora=config.lora, lora_rank=config.lora_rank,
             lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout))
-        return model, tokenizer, Policy.of(tokenizer, config.mode, config.temperature)
+        return model, tokenizer, Policy.of(tokenizer, config.mode, config.temperature, config.path_stride)
 
     def problems(self, spec: str) -> list[Problem]:
         """A training set (--limit: its first N), less any tail of it an evaluation set holds out:

@@ -1,19 +1,20 @@
 """The parallel-branch sampler: batched lanes over one KV cache, forked at <Parallel>, merged after.
 
 A *lane* is one sequence being decoded; all lanes decode in one forward. `trace.read_tag` decides
-what a tag means, so the sampler and the trainer's layout cannot disagree. `<Parallel>` in the main
-chain *forks* the lane: its cache row is duplicated K times and each branch is forced to open a
-`<Path>`. A branch that writes `</Path>` waits for its siblings; then they *merge* into one lane
-fed the inserted `</Parallel><Summary>`. Structured mode (Unseen) keeps the cache row prefix ‖
-path₁ ‖ … ‖ path_K as decoded and continues at start + longest path (zero recompute); causal mode
-(Seen) re-prefills the paths after the prefix with ordinary positions, so it is slightly
-off-policy for paths 2..K (they were decoded blind to each other, the re-read lets them see).
-Rules, counted in the stats, never raised: a tag sampled where it means nothing is plain text;
-EOS ends the response (in a path: the path); `max_path_tokens` and a spent `max_new_tokens`
-(counted over all branches, NPR) close open paths with an inserted `</Path>`; after `max_blocks`
-blocks `<Parallel>` cannot be drawn. Inserted tokens are marked not sampled: never trained on.
-The distribution drawn from is the `Policy` the trainer reads; `SamplerSettings` holds budgets and
-draw knobs. Not here: prompts (prompts.py), rewards, gradients; K is fixed per call.
+what a tag means, so the sampler and the trainer's layout cannot disagree. Structured mode
+(Unseen): `<Parallel>` in the main chain *forks* the lane: its cache row is duplicated K times and
+branch k is forced to open a `<Path>` at `layout.path_start` (start + k × the policy's stride); a
+branch that writes `</Path>` waits for its siblings, then they *merge* into one lane, cache row
+prefix ‖ path₁ ‖ … ‖ path_K as decoded (zero recompute), fed the inserted `</Parallel><Summary>`
+at `layout.after_block`. Causal mode (Seen) is plain decoding: no fork, the model writes every
+tag itself and so chooses how many paths a block has; later paths see earlier ones as training
+reads them. Rules, counted in the stats, never raised: a tag sampled where it means nothing is
+plain text; EOS ends the response (structured, in a path: the path); `max_path_tokens` closes a
+path with an inserted `</Path>`; a spent `max_new_tokens` (counted over all branches, NPR) ends
+the response (structured: its open paths get `</Path>`); after `max_blocks` blocks `<Parallel>`
+cannot be drawn. Inserted tokens are marked not sampled: never trained on. `Policy` is the
+distribution the trainer reads; `SamplerSettings` holds budgets and draw knobs. Not here:
+prompts (prompts.py), rewards, gradients; K is fixed per call (structured).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import NanoparError
-from .kvcache import LaneCache, Piece, cache_from_pieces, join
-from .layout import build_layout, mask_dtype
+from .kvcache import LaneCache, Piece, join
+from .layout import after_block, build_layout, mask_dtype, path_start
 from .policy import Policy, draw
 from .tags import TagIds
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -36,7 +37,7 @@ MAX_PATHS = 8  # the most paths a block may be asked to open (each one is a lane
 
 @dataclass
 class SamplerSettings:
-    paths: int = 2  # K: paths opened by every <Parallel> (Parallel-R1 uses 2)
+    paths: int = 2  # K: paths opened by every <Parallel> (structured; causal: the model writes its own)
     max_new_tokens: int = 512  # sampled tokens per response, counted over all its branches
     max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn
     max_path_tokens: int = 256  # sampled tokens per path; then </Path> is inserted
@@ -105,10 +106,9 @@ class _Tokens:
 class _Block:
     """A block in flight: its paths' tokens, and the cache of each finished path."""
 
-    start: int  # rotary position of every path's <Path>
+    start: int  # rotary position of the first path's <Path> (path k: layout.path_start)
     paths: list[_Tokens]
     pieces: list = field(default_factory=list)  # per path: its cache piece once done (None before)
-    ends: list[int] = field(default_factory=list)  # per path: next position after it
 
 
 @dataclass
@@ -132,7 +132,7 @@ class _Lane:
     pending: int  # the token the next forward feeds
     out: _Tokens  # where its tokens go: the response's tokens, or its path's
     forced: list[int] = field(default_factory=list)  # tokens to insert before sampling resumes
-    action: str | None = None  # what happens once `pending` is fed: "fork" or "end_path"
+    action: str | None = None  # what happens once `pending` is fed: "fork" or "end_path" (structured)
     path: int = -1  # its index in the block (branches only)
     path_sampled: int = 0  # sampled tokens in this path
 
@@ -175,6 +175,7 @@ class _Decoder:
         self.tags = policy.tag_ids
         self.tag_names = self.tags.names() if self.tags else {}  # token id -> tag field name
         self.dtype = mask_dtype(model)
+        self.structured = policy.mode == "structured"  # fork and merge; causal decodes plainly
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
@@ -264,7 +265,7 @@ class _Decoder:
         lane.out.add(token, sampled, logprob)
         lane.pending = token
         if token in self.eos and sampled:
-            if lane.state != "path":
+            if lane.state != "path" or not self.structured:
                 response.finish = "eos"
                 return False
             lane.forced.append(self.tags.path_close)  # EOS ends the path
@@ -274,10 +275,14 @@ class _Decoder:
             lane.state, structural = read_tag(lane.state, name)
             if not structural:
                 response.stray += 1
-            elif name == "parallel_open":
+            elif name == "parallel_open" and self.structured:
                 lane.action = "fork"
-            elif name == "path_close":
+            elif name == "parallel_open":
+                response.forks += 1  # causal: the block goes on in this lane
+            elif name == "path_close" and self.structured:
                 lane.action = "end_path"
+            elif name == "path_open":  # causal: a new path, its own length budget
+                lane.path_sampled = 0
         if lane.state == "path" and lane.action is None and not lane.forced:
             if lane.path_sampled >= self.settings.max_path_tokens:
                 lane.forced.append(self.tags.path_close)
@@ -287,11 +292,11 @@ class _Decoder:
         """The parent has just been fed <Parallel>: K branches, each forced to open a <Path>."""
         K = self.settings.paths
         response.forks += 1
-        response.block = _Block(start=parent.position, paths=[_Tokens() for _ in range(K)],
-                                pieces=[None] * K, ends=[0] * K)
+        response.block = _Block(start=parent.position, paths=[_Tokens() for _ in range(K)], pieces=[None] * K)
         branches = []
         for k in range(K):
-            branch = _Lane(response=parent.response, state="block", position=parent.position,
+            branch = _Lane(response=parent.response, state="block",
+                           position=path_start(parent.position, k, self.policy.path_stride),
                            pending=self.tags.path_open, out=response.block.paths[k], path=k)
             branch.state, _ = read_tag("block", "path_open")
             branch.out.add(self.tags.path_open, sampled=False)
@@ -306,7 +311,6 @@ class _Decoder:
         # branch 0 keeps the prefix too; the others only their path
         start = 0 if lane.path == 0 else whole - path_length
         block.pieces[lane.path] = self.cache.piece(row, start, whole)
-        block.ends[lane.path] = lane.position
         if any(p is None for p in block.pieces):
             return None
         return self.merge(lane, response)
@@ -315,37 +319,24 @@ class _Decoder:
         """Every path is done: one lane again, fed </Parallel> then <Summary>. -> (piece, lane)"""
         block = response.block
         paths = block.paths
-        response.path_lengths.append([len(p.ids) for p in paths])
+        lengths = [len(p.ids) for p in paths]
+        response.path_lengths.append(lengths)
         for path in paths:
             response.tokens.extend(path)
-        if self.policy.mode == "structured":
-            piece = join(block.pieces)
-            position = max(block.ends)  # start + longest path
-        else:
-            first = len(paths[0].ids)
-            prefix = [(k[:, :-first], v[:, :-first]) for k, v in block.pieces[0]]
-            piece, position = self.reprefill(prefix, sum((p.ids for p in paths), []), block.start)
         response.block = None
-        lane = _Lane(response=last.response, state="after", position=position,
+        lane = _Lane(response=last.response, state="after",
+                     position=after_block(block.start, lengths, self.policy.path_stride),
                      pending=self.tags.parallel_close, out=response.tokens, forced=[self.tags.summary_open])
         response.tokens.add(self.tags.parallel_close, sampled=False)
-        return piece, lane
-
-    def reprefill(self, prefix, tokens: list[int], start: int):
-        """Causal mode: read the paths after the prefix in one forward. -> (row piece, next position)"""
-        device = self.model.device
-        cache = cache_from_pieces(prefix, self.model.config)
-        positions = torch.arange(start, start + len(tokens), device=device)[None]
-        self.model(input_ids=torch.tensor([tokens], device=device), position_ids=positions,
-                   cache=cache, use_cache=True, logits_to_keep=1)
-        return [(layer.keys[0], layer.values[0]) for layer in cache.layers], start + len(tokens)
+        return join(block.pieces), lane
 
     def banned(self, lanes: list[_Lane], logits: torch.Tensor) -> torch.Tensor | None:
-        """[N, V] bool: <Parallel> in the main chain of responses whose block budget is spent."""
+        """[N, V] bool: <Parallel> in the main chain of responses whose block budget is spent
+        ("after": between </Parallel> and <Summary>, where <Parallel> would open a block too)."""
         if self.tags is None:
             return None
         rows = [i for i, lane in enumerate(lanes)
-                if lane.state == "main" and self.responses[lane.response].forks >= self.settings.max_blocks]
+                if lane.state in ("main", "after") and self.responses[lane.response].forks >= self.settings.max_blocks]
         if not rows:
             return None
         banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
@@ -364,9 +355,12 @@ class _Decoder:
                 response.tokens.extend(path)
         tokens = response.tokens
         trace = parse_ids(tokens.ids, self.tags) if self.tags else parse_ids(tokens.ids, _NO_TAGS)
+        path_lengths = response.path_lengths  # structured: as the branches were built; causal: as read
+        if not self.structured:
+            path_lengths = [[len(p) for p in b.paths] for b in trace.blocks]
         stats = RolloutStats(
             new_tokens=len(tokens.ids), sampled_tokens=response.sampled, forks=response.forks,
-            path_lengths=response.path_lengths, critical_path=trace_stats(trace).critical_path,
+            path_lengths=path_lengths, critical_path=trace_stats(trace).critical_path,
             stray_tags=response.stray, cut_paths=response.cut, wall_time=0.0, peak_cache_bytes=0,
         )
         return Rollout(response.prompt, tokens.ids, tokens.sampled, tokens.logprobs, trace,

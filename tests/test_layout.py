@@ -29,18 +29,25 @@ def two_block_trace():
     return ids, prefix, paths1, middle, paths2
 
 
-def logits(model, ids, layout_mode="structured", attention_mask=None):
+def logits(model, ids, layout_mode="structured", attention_mask=None, path_stride=0, shift=(0, 0)):
+    """The model's logits under the layout; `shift` = (from, by): positions from index `from` on
+    are moved by `by` (a lone path placed where it sits in a block with a stride)."""
     ids = torch.tensor(ids) if not torch.is_tensor(ids) else ids
     ids = ids if ids.dim() == 2 else ids[None]
-    layout = build_layout(ids, TAGS, layout_mode, attention_mask=attention_mask)
+    layout = build_layout(ids, TAGS, layout_mode, attention_mask=attention_mask, path_stride=path_stride)
+    positions = layout.position_ids.clone()  # [B, T]
+    positions[:, shift[0] :] += shift[1]
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids)
+        out = model(input_ids=ids, attention_mask=layout.attention_mask, position_ids=positions)
     return out.logits
 
 
-def plain_logits(model, ids):
+def plain_logits(model, ids, shift=(0, 0)):
+    """A plain causal run, positions from index shift[0] on moved by shift[1]."""
+    positions = torch.arange(len(ids))
+    positions[shift[0] :] += shift[1]
     with torch.no_grad():
-        return model(input_ids=torch.tensor([ids])).logits[0]
+        return model(input_ids=torch.tensor([ids]), position_ids=positions[None]).logits[0]
 
 
 @pytest.fixture(params=[(a, i) for a in ("qwen2", "qwen3") for i in ("eager", "sdpa")], ids=lambda p: "-".join(p))
@@ -62,22 +69,38 @@ def test_positions_and_mask_of_a_hand_written_block():
     causal = build_layout(ids, TAGS, "causal")
     assert causal.position_ids.tolist() == [list(range(13))]
     assert torch.equal((causal.attention_mask[0, 0] == 0).int(), torch.tril(torch.ones(13, 13, dtype=torch.int)))
+    assert build_layout(ids, TAGS, "causal", path_stride=5).position_ids.tolist() == [list(range(13))]  # no part
 
 
-def test_every_path_token_matches_a_plain_run_of_prefix_and_that_path(model):
+def test_a_stride_gives_path_k_its_own_start_and_the_block_continues_after_the_furthest_path():
+    # q P <Path> a </Path> <Path> b b </Path> <Path> c </Path> </Parallel> <Summary> s </Summary> r
+    ids = torch.tensor([[1, P, A, 2, A_, A, 3, 3, A_, A, 5, A_, P_, S, 4, S_, 6]])
+    #                  q  P  path 1    path 2 (start 2 + 5)  path 3 (2 + 10)  after: max(5, 11, 15)
+    expected = [0, 1, 2, 3, 4, 7, 8, 9, 10, 12, 13, 14, 15, 16, 17, 18, 19]
+    assert build_layout(ids, TAGS, path_stride=5).position_ids.tolist() == [expected]
+    # a stride shorter than a path: ranges overlap, and the block still ends after its furthest path
+    assert build_layout(ids, TAGS, path_stride=1).position_ids.tolist() == [
+        [0, 1, 2, 3, 4, 3, 4, 5, 6, 4, 5, 6, 7, 8, 9, 10, 11]]
+    # the mask does not depend on the stride
+    assert torch.equal(build_layout(ids, TAGS, path_stride=5).attention_mask, build_layout(ids, TAGS).attention_mask)
+
+
+@pytest.mark.parametrize("stride", [0, 7], ids=["shared", "disjoint"])
+def test_every_path_token_matches_a_plain_run_of_prefix_and_that_path(model, stride):
     ids, prefix, paths1, middle, paths2 = two_block_trace()
-    full = logits(model, ids)[0]  # [T, V]
+    assert max(map(len, paths1[:-1] + paths2[:-1])) <= 7  # stride 7: the paths' position ranges are disjoint
+    full = logits(model, ids, path_stride=stride)[0]  # [T, V]
     start = len(prefix)
-    for path in paths1:
-        alone = plain_logits(model, prefix + path)[len(prefix) :]
+    for k, path in enumerate(paths1):
+        alone = plain_logits(model, prefix + path, shift=(len(prefix), k * stride))[len(prefix) :]
         diff = (full[start : start + len(path)] - alone).abs().max().item()
         assert diff <= ATOL, diff
         start += len(path)
     # block 2: the reference is the trace cut after its own path (its siblings removed)
     before2 = prefix + sum(paths1, []) + middle
     start = len(before2)
-    for path in paths2:
-        alone = logits(model, before2 + path)[0, len(before2) :]
+    for k, path in enumerate(paths2):
+        alone = logits(model, before2 + path, path_stride=stride, shift=(len(before2), k * stride))[0, len(before2) :]
         assert (full[start : start + len(path)] - alone).abs().max().item() <= ATOL
         start += len(path)
 
@@ -96,7 +119,8 @@ def test_summary_sees_every_path_and_paths_never_see_siblings(model):
     assert (after[summary_start:] - base[summary_start:]).abs().max(-1).values.min() > 1e-4
 
 
-def test_padded_batches_match_single_runs(model):
+@pytest.mark.parametrize("stride", [0, 7], ids=["shared", "disjoint"])
+def test_padded_batches_match_single_runs(model, stride):
     ids, *_ = two_block_trace()
     short = [7, 8, P, A, 9, A_, A, 10, 11, A_, P_, S, 12, S_]
     causal_only = words(9, 13)
@@ -108,9 +132,9 @@ def test_padded_batches_match_single_runs(model):
         for row, seq in enumerate(seqs):
             span = slice(T - len(seq), T) if side == "left" else slice(0, len(seq))
             batch[row, span], real[row, span] = torch.tensor(seq), 1
-        batched = logits(model, batch, attention_mask=real)
+        batched = logits(model, batch, attention_mask=real, path_stride=stride)
         for row, seq in enumerate(seqs):
-            single = logits(model, seq)[0]
+            single = logits(model, seq, path_stride=stride)[0]
             got = batched[row][real[row].bool()]
             assert (got - single).abs().max().item() <= ATOL, (side, row)
 

@@ -2,10 +2,12 @@
 
 import math
 
+import pytest
 import torch
 
-from conftest import token_logprobs
-from nanopar.policy import draw, policy_logprobs
+from conftest import TAGS, one_line, token_logprobs
+from nanopar import NanoparError
+from nanopar.policy import Policy, draw, policy_logprobs
 
 
 def test_logprobs_are_a_temperature_softmax_over_the_real_vocabulary():
@@ -50,3 +52,11 @@ def test_inverse_cdf_draws_follow_the_distribution_and_skip_zero_probabilities()
     counts = torch.bincount(tokens, minlength=6).float() / len(tokens)
     assert counts[[0, 2, 5]].sum() == 0
     assert torch.allclose(counts[[1, 3, 4]], torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
+
+
+def test_path_stride_is_part_of_the_policy_and_must_not_be_negative(qwen_tokenizer):
+    assert Policy(TAGS).path_stride == 0  # shared positions, as before the parameter existed
+    assert Policy.of(qwen_tokenizer, "structured", 1.0, 258).path_stride == 258
+    with pytest.raises(NanoparError) as error:
+        Policy(TAGS, path_stride=-1)
+    assert one_line(error) == "path_stride must be >= 0, not -1"
