@@ -20,6 +20,7 @@ report with pass@k and speedup (eval.py).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> Path:
     runner = Runner(config, stages, console)
     config.eval_data = ",".join(runner.eval_sets())  # "auto" resolved: config.json says what was held out
     runner.validate(chosen)
-    save_config(config, runner.out)
+    save_config(config, runner.out, extra={"resolved_stages": [dataclasses.asdict(s) for s in stages]})
     started = time.perf_counter()
     for stage in chosen:
         runner.run(stage)

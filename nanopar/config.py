@@ -51,9 +51,9 @@ def parse_config(cls, argv: list[str] | None = None, description: str = ""):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
-def save_config(config, folder: str | Path, name: str = "config.json") -> Path:
-    """Write the resolved config next to a run's outputs."""
+def save_config(config, folder: str | Path, name: str = "config.json", extra: dict | None = None) -> Path:
+    """Write the resolved config next to a run's outputs, with `extra` entries (say the stages)."""
     path = Path(folder) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    path.write_text(json.dumps(dataclasses.asdict(config) | (extra or {}), indent=2) + "\n")
     return path

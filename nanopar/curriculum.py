@@ -34,6 +34,8 @@ class Stage:
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
     drop_invalid: bool = False  # grpo: drop rollouts that are not valid parallel traces before the advantages (PAPO)
     advantage: str = ""  # grpo: "zscore", "mean" or "batch" (PAPO); "" = the config's --advantage
+    instructions: str = ""  # the prompt before each question: "parallel", "plain", "none"; "" = --instructions
+    mode: str = ""  # attention when sampling and training: "structured" or "causal"; "" = --mode
     lr: float = 1e-5  # learning rate of this stage
     start: str | None = None  # the stage whose final/ it starts from; None = the previous training stage,
     #                           "" = the configured --model
@@ -128,19 +130,24 @@ def recipe(config: TrainConfig) -> list[Stage]:
             ] if c.pretrain_data else []
     if c.recipe == "parallel-r1":
         cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1,
-                                                  teacher=c.teacher)]
+                                                  teacher=c.teacher, instructions="parallel")]  # the elicitation prompt
         stages = base + cold_start + [
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
             Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
             Stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward, lr=c.lr),
         ]
     elif c.recipe == "npr":
+        # NPR prompts with its format at every stage; the parallel mask and positions arrive with
+        # the parallel SFT (stages 1 and 2 sample and train causally, like the instruct model)
+        npr = dict(instructions="parallel")
         stages = base + [
-            Stage("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr),
-            Stage("rejection", "distill", c.easy_data, tries=c.distill_tries or 8),
-            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr),
+            Stage("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr,
+                  mode="causal", **npr),
+            Stage("rejection", "distill", c.easy_data, tries=c.distill_tries or 8, mode="causal", **npr),
+            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured",
+                  **npr),
             Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
-                  advantage="batch", lr=c.lr),
+                  advantage="batch", lr=c.lr, mode="structured", **npr),
         ]
     else:
         raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
@@ -148,9 +155,13 @@ def recipe(config: TrainConfig) -> list[Stage]:
         start = "pretrain" if base else ""
         stages += [
             Stage("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="accuracy", lr=c.lr,
-                  start=start),
-            Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr),
+                  start=start, instructions="plain"),
+            Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr,
+                  instructions="plain"),
         ]
+    for stage in stages:  # what the recipe leaves open, the flags decide
+        stage.instructions = stage.instructions or c.instructions
+        stage.mode = stage.mode or c.mode
     return skip(stages, c.skip)
 
 

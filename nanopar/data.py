@@ -53,6 +53,7 @@ class Source:
     traces: Callable[[str], list[dict]] | None = None  # "toy:parallel" -> SFT records (question, answer, response)
     model: Callable[[str, Any, str], tuple] | None = None  # (name, dtype, attn_implementation) -> (model, tokenizer)
     model_names: tuple[str, ...] = ()  # the names `model` builds ("toy:model"), listed in errors
+    instructions: dict[str, str] | None = None  # its own text for an instruction name ("parallel" -> ...)
 
 
 # spec prefix -> Source, or "module:attribute" of one, imported on first use (then stored here)

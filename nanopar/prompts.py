@@ -22,7 +22,7 @@ prompt as plain text either way.
 
 from __future__ import annotations
 
-from .data import Problem
+from .data import Problem, source_for
 from . import NanoparError
 from .tags import PARALLEL_R1, TagSchema
 
@@ -66,10 +66,15 @@ PLAIN_INSTRUCTIONS = (
 INSTRUCTIONS = {"parallel": PARALLEL_INSTRUCTIONS, "plain": PLAIN_INSTRUCTIONS, "none": ""}  # by flag value
 
 
-def instructions_named(name: str) -> str:
-    """The instructions a flag names ("parallel", "plain", "none")."""
+def instructions_named(name: str, data: str = "") -> str:
+    """The instructions a flag names ("parallel", "plain", "none"), as the model of `data` reads
+    them: a registered source (`data.SOURCES`) may word them its own way (the toy world's model
+    knows a one-word marker, not English paragraphs)."""
     if name not in INSTRUCTIONS:
         raise NanoparError(f"unknown instructions {name!r}: use one of {', '.join(INSTRUCTIONS)}")
+    source = source_for(data) if data else None
+    if source is not None and source.instructions is not None:
+        return source.instructions[name]
     return INSTRUCTIONS[name]
 
 

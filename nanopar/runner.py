@@ -55,7 +55,6 @@ class Runner:
         self.out = Path(config.out)
         self.log = MetricsLog(self.out / "metrics.jsonl")
         self.console = console or Console()
-        self.instructions = instructions_named(config.instructions)
         self._problems: dict[str, list[Problem]] = {}  # loaded training sets, by spec
         self._auto_eval: list[str] | None = None  # what --eval-data auto stands for, once worked out
 
@@ -64,7 +63,7 @@ class Runner:
         """An SFT or GRPO stage: resume or start, step, log, checkpoint, finish with `final/`."""
         config, folder = self.config, self.folder(stage)
         checkpoint = latest_checkpoint(folder)
-        model, tokenizer, policy = self.load(str(checkpoint) if checkpoint else self.input_model(stage))
+        model, tokenizer, policy = self.load(str(checkpoint) if checkpoint else self.input_model(stage), stage.mode)
         model.train()
         optimizer, scheduler = make_optimizer(model, stage.lr, config.weight_decay, config.warmup_steps,
                                               config.sft_schedule if stage.kind == "sft" else "constant", stage.steps)
@@ -84,7 +83,8 @@ class Runner:
                             vars(config) | {"stage": stage.name})
 
         with progress(self.console) as bar:
-            task = bar.add_task(stage.name, total=stage.steps, completed=step)
+            title = f"{stage.name} ({stage.instructions} prompt, {stage.mode})"
+            task = bar.add_task(title, total=stage.steps, completed=step)
             try:
                 while step < stage.steps:
                     if stage.kind == "sft":
@@ -96,7 +96,7 @@ class Runner:
                         metrics["train_seconds"] = time.perf_counter() - started
                     else:
                         batch = self.batch_of_step(problems, config.prompts_per_step, stage, step)
-                        prompts = [self.prompt(problem, tokenizer) for problem in batch]
+                        prompts = [self.prompt(problem, tokenizer, stage) for problem in batch]
                         sampling = SamplerSettings.taken_from(config, seed=self.sampling_seed(stage, step))
                         rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
                                                       settings, schedule.spec(step), reference, scheduler)
@@ -104,7 +104,7 @@ class Runner:
                             self.console.print(trace_tree(rollouts[0], tokenizer, title=f"{stage.name} step {step + 1}"))
                     step += 1
                     self.log.write({"stage": stage.name, "step": step, **metrics})
-                    bar.update(task, advance=1, description=f"{stage.name} " + _brief(metrics))
+                    bar.update(task, advance=1, description=f"{title} " + _brief(metrics))
                     if config.checkpoint_every and step % config.checkpoint_every == 0 and step < stage.steps:
                         save(f"checkpoint-{step}")
                         prune_checkpoints(folder, config.keep_checkpoints)
@@ -133,7 +133,7 @@ class Runner:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
         strong model) or its input model (NPR's rejection: self-distillation); keep one correct,
         valid parallel trace per problem."""
-        model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage))
+        model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage), stage.mode)
         problems = self.problems(stage.data)
         eos, kept = stop_ids(model, tokenizer), []
         chunk = max(1, self.config.prompts_per_step)
@@ -141,7 +141,7 @@ class Runner:
             task = bar.add_task(stage.name, total=len(problems))
             for start in range(0, len(problems), chunk):
                 batch = problems[start : start + chunk]
-                prompts = [self.prompt(p, tokenizer) for p in batch]
+                prompts = [self.prompt(p, tokenizer, stage) for p in batch]
                 sampling = SamplerSettings.taken_from(self.config, seed=self.config.seed + start)
                 rollouts = sample(model, prompts, policy, sampling, eos, stage.tries)
                 for k, problem in enumerate(batch):
@@ -170,19 +170,20 @@ class Runner:
         config, out = self.config, self.folder(stage) / "eval.json"
         if not config.eval_problems or not self.eval_sets():
             return None
-        how = self.eval_key()
+        how = self.eval_key(stage)
         saved = json.loads(out.read_text()) if out.exists() else {}
         if saved.get("how") == how:
             return saved["results"]
-        model, tokenizer, policy = self.load(str(self.folder(stage) / "final"))
+        model, tokenizer, policy = self.load(str(self.folder(stage) / "final"), stage.mode)
         sampling, per_call = SamplerSettings.taken_from(config), self.eval_batch()
         results, started = {}, time.perf_counter()
         with progress(self.console) as bar:
             for spec in self.eval_sets():
                 problems = self.eval_problems(spec)
                 task = bar.add_task(f"evaluate {stage.name} on {spec}", total=len(problems))
-                records = evaluate(model, tokenizer, problems, policy, sampling, config.eval_samples, self.instructions,
-                                   config.chat, per_call, progress=lambda done, task=task: bar.update(task, completed=done))
+                records = evaluate(model, tokenizer, problems, policy, sampling, config.eval_samples,
+                                   instructions_named(stage.instructions, spec), config.chat, per_call,
+                                   progress=lambda done, task=task: bar.update(task, completed=done))
                 results[spec] = summarize(records)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"how": how, "results": results}, indent=1) + "\n")
@@ -190,17 +191,18 @@ class Runner:
                         "results": results})
         return results
 
-    def eval_key(self) -> dict:
+    def eval_key(self, stage: Stage) -> dict:
         """What decides a held-out evaluation's samples, the key of its eval.json: the sets and
-        their fields, every SamplerSettings field, every Policy field the config sets (mode,
-        temperature, ...), the prompt, and the batching (each sampler call has its own seed).
+        their fields, every SamplerSettings field, every Policy field the config sets (temperature,
+        ...), the stage's prompt and mode, and the batching (each sampler call has its own seed).
         Built from the dataclasses, so a new sampler or policy knob is part of it."""
         config = self.config
         policy = {f.name: getattr(config, f.name) for f in dataclasses.fields(Policy) if hasattr(config, f.name)}
         return {"data": self.eval_sets(), "fields": [config.question_field, config.answer_field],
                 "problems": config.eval_problems, "samples": config.eval_samples, "batch": self.eval_batch(),
-                "instructions": self.instructions, "chat": config.chat,
-                **dataclasses.asdict(SamplerSettings.taken_from(config)), **policy}
+                "instructions": [instructions_named(stage.instructions, spec) for spec in self.eval_sets()],
+                "chat": config.chat, **dataclasses.asdict(SamplerSettings.taken_from(config)), **policy,
+                "mode": stage.mode}
 
     def eval_batch(self) -> int:
         """Problems per sampler call of an evaluation: a GRPO step's responses."""
@@ -226,15 +228,15 @@ class Runner:
         return str(final)
 
     # --- what a stage reads -----------------------------------------------------------------
-    def load(self, name: str) -> tuple:
-        """(model, tokenizer, the run's Policy for it)."""
+    def load(self, name: str, mode: str) -> tuple:
+        """(model, tokenizer, the Policy it samples and trains with in attention mode `mode`)."""
         config = self.config
         torch.manual_seed(config.seed)  # LoRA's initial A matrices
         model, tokenizer = load_model(ModelSettings(
             name, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit,
             gradient_checkpointing=config.gradient_checkpointing, lora=config.lora, lora_rank=config.lora_rank,
             lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout))
-        return model, tokenizer, Policy.of(tokenizer, config.mode, config.temperature, config.path_stride)
+        return model, tokenizer, Policy.of(tokenizer, mode, config.temperature, config.path_stride)
 
     def problems(self, spec: str) -> list[Problem]:
         """A training set (--limit: its first N), less any tail of it an evaluation set holds out:
@@ -258,9 +260,11 @@ class Runner:
             raise NanoparError(f"{stage.name}: {error}") from None
 
     def sft_examples(self, stage: Stage, tokenizer) -> list[tuple[list[int], list[int]]]:
-        """The traces as (prompt ids, response ids + EOS) pairs."""
+        """The traces as (prompt ids, response ids + EOS) pairs; a record that names its own
+        "instructions" (the toy's instruction-following traces) is prompted with them."""
         eos = tokenizer.eos_token_id
-        return [(self.prompt(Problem(str(r.get("id", "")), r["question"], r.get("answer", "")), tokenizer),
+        return [(self.prompt(Problem(str(r.get("id", "")), r["question"], r.get("answer", "")), tokenizer, stage,
+                             r.get("instructions")),
                  tokenizer.encode(r["response"], add_special_tokens=False) + [eos]) for r in self.traces(stage)]
 
     def reference(self, stage: Stage, model, resumed: bool) -> Reference | None:
@@ -269,7 +273,7 @@ class Runner:
             return None
         values = None
         if resumed:
-            start = self.load(self.input_model(stage))[0]
+            start = self.load(self.input_model(stage), stage.mode)[0]
             values = [p.detach().clone() for p in start.parameters() if p.requires_grad]
             del start
         return Reference(model, values)
@@ -281,8 +285,11 @@ class Runner:
                             kl_beta=config.kl_beta, micro_batch=config.micro_batch,
                             max_grad_norm=config.max_grad_norm)
 
-    def prompt(self, problem: Problem, tokenizer) -> list[int]:
-        return build_prompt(problem, tokenizer, self.instructions, chat=self.config.chat)
+    def prompt(self, problem: Problem, tokenizer, stage: Stage, instructions: str | None = None) -> list[int]:
+        """The prompt ids of a problem, with the stage's instructions (or the named ones) as the
+        stage's data source words them."""
+        text = instructions_named(instructions or stage.instructions, stage.data or stage.traces)
+        return build_prompt(problem, tokenizer, text, chat=self.config.chat)
 
     def batch_of_step(self, items: list, count: int, stage: Stage, step: int) -> list:
         """The `count` items step `step` trains on: a seeded shuffle per epoch, so a resumed run
@@ -327,6 +334,8 @@ class Runner:
     def validate(self, stages: list[Stage]) -> None:
         """Fail on a bad reward, data set or traces file before any stage runs (not an hour in)."""
         for stage in stages:
+            instructions_named(stage.instructions)
+            Policy(None, stage.mode)  # a known attention mode
             if stage.kind == "grpo":
                 schedule_from_string(stage.reward)
             if stage.kind in ("grpo", "distill"):

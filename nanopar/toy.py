@@ -397,8 +397,14 @@ def _training_problems(level: str, n: int) -> tuple[Problem, ...]:
     return tuple(make_problems(level, n, seed={"easy": 1, "hard": 2}[level]))
 
 
+INSTRUCTIONS = {"parallel": "in parallel", "plain": "", "none": ""}  # what the toy's prompts say, by name
+
 TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
-    "toy:sequential": [("easy", "sequential", 0.5), ("hard", "sequential", 0.5)],  # stage 0 pretraining
+    # stage 0 pretraining. Like a real instruct model's, the base follows the parallel instructions
+    # some of the time: a tenth of its traces are prompted "in parallel" and written as a parallel
+    # trace (easy problems only, as a strong model writes valid ones on GSM8K and none on DAPO);
+    # without the marker it never writes a block (the cold-start problem stays visible)
+    "toy:sequential": [("easy", "sequential", 0.45), ("hard", "sequential", 0.45), ("easy", "instructed", 0.1)],
     # the cold start: easy parallel traces, with some hard sequential ones kept in the mix so the
     # model does not apply 3-number patterns to 4-number problems (TOY-NOTES: hard accuracy fell to 0)
     "toy:parallel": [("easy", "parallel", 0.75), ("hard", "sequential", 0.25)],
@@ -406,18 +412,20 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
 
 
 def teacher_traces(spec: str, n: int = 4000, seed: int = 3) -> list[dict]:
-    """`n` teacher traces as SFT records (question, answer, response) for a name of TEACHER_MIXES."""
+    """`n` teacher traces as SFT records (question, answer, response) for a name of TEACHER_MIXES;
+    an "instructed" record also names its prompt's instructions ("parallel")."""
     if spec not in TEACHER_MIXES:
         raise NanoparError(f"unknown toy traces {spec!r}: use one of {', '.join(TEACHER_MIXES)}")
     rng, records = random.Random(seed), []
     for level, kind, share in TEACHER_MIXES[spec]:
-        write = parallel_trace if kind == "parallel" else sequential_trace
+        write = sequential_trace if kind == "sequential" else parallel_trace
         for problem in make_problems(level, round(n * share), seed=seed * 7 + len(records)):
             records.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
-                            "response": write(problem, rng)})
+                            "response": write(problem, rng)} | ({"instructions": "parallel"} if kind == "instructed" else {}))
     rng.shuffle(records)
     return records
 
 
 # the toy world as a data source (data.SOURCES["toy"]): "toy:easy" problems, "toy:parallel" traces, "toy:model"
-SOURCE = Source(problems=toy_problems, traces=teacher_traces, model=toy_model, model_names=(MODEL_NAME,))
+SOURCE = Source(problems=toy_problems, traces=teacher_traces, model=toy_model, model_names=(MODEL_NAME,),
+                instructions=INSTRUCTIONS)

@@ -104,11 +104,13 @@ def half_right_sampler(monkeypatch):
 
     problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
     tokenizer = load_model(ModelSettings("toy:model"))[1]
+    seen = []  # (decoded prompt, attention mode) of every prompt sampled
 
     def fake_sample(model, prompts, policy, settings, eos, samples_per_prompt):
         rollouts = []
         for i, prompt in enumerate(prompts):
-            problem = problems[tokenizer.decode(prompt).strip()]
+            seen.append((tokenizer.decode(prompt), policy.mode))
+            problem = problems[tokenizer.decode(prompt).strip().splitlines()[-1]]  # the question: the last line
             good = parallel_trace(problem, random.Random(i))
             texts = [good.replace("Final Answer:", "Final Answer: 99+") if i % 2 else good] * samples_per_prompt
             for text in texts:
@@ -117,6 +119,7 @@ def half_right_sampler(monkeypatch):
 
     monkeypatch.setattr(nanopar.runner, "sample", fake_sample)
     monkeypatch.setattr(nanopar.toy, "TOY_TRAIN_PROBLEMS", 6)
+    return seen
 
 
 def test_distill_keeps_one_correct_valid_trace_per_problem(tmp_path, monkeypatch):
@@ -239,7 +242,7 @@ def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
     grads, calls = {}, {}
     for flags in ([], ["--gradient-checkpointing"]):
         config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
-        model, tokenizer, policy = nanopar.runner.Runner(config, train.recipe(config)).load(config.model)
+        model, tokenizer, policy = nanopar.runner.Runner(config, train.recipe(config)).load(config.model, config.mode)
         mlp, count = model.model.layers[0].mlp, []  # counted in forward itself: hooks do not run in a recompute
         mlp.forward = lambda *args, real=mlp.forward, **kwargs: count.append(1) or real(*args, **kwargs)
         model.train()
@@ -331,3 +334,78 @@ def test_auto_eval_data_for_toy_shipped_and_explicit_sets(tmp_path):
     assert sets("--easy-data", "gsm8k_train", "--hard-data", "aime24") == ["gsm8k", "aime24[-15:]"]
     assert sets("--hard-data", "math500", "--eval-data", "aime25") == ["aime25"]  # explicit wins
     assert sets("--eval-problems", "0") == []
+
+
+def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode(tmp_path, monkeypatch):
+    """The recipes set prompts and modes as the papers do, whatever the global flags say: the
+    cold-start data is generated with the parallel instructions (the toy words them "in
+    parallel"), the accuracy-only baseline gets the plain prompt even under --instructions
+    parallel, NPR samples causally until its parallel SFT; config.json keeps the resolved values."""
+    seen = half_right_sampler(monkeypatch)
+    train.main(["--out", str(tmp_path / "r1"), "--sft-data", "", "--pretrain-data", "", "--stages", "cold-start-data",
+                "--eval-problems", "0"])
+    assert seen and all(prompt.startswith("in parallel\n\nnumbers") for prompt, _ in seen)
+    stages = json.loads((tmp_path / "r1" / "config.json").read_text())["resolved_stages"]
+    assert {s["name"]: (s["instructions"], s["mode"]) for s in stages} == {
+        "cold-start-data": ("parallel", "structured"), "sft": ("none", "structured"),
+        "rl-easy": ("none", "structured"), "rl-hard": ("none", "structured")}
+
+    def resolved(*flags):
+        config = train.parse_config(train.TrainConfig, list(flags))
+        return {s.name: (s.instructions, s.mode) for s in train.recipe(config)}
+
+    assert resolved("--instructions", "parallel", "--baseline", "--mode", "causal") == {
+        "pretrain": ("parallel", "causal"), "sft": ("parallel", "causal"), "rl-easy": ("parallel", "causal"),
+        "rl-hard": ("parallel", "causal"), "baseline-rl-easy": ("plain", "causal"),
+        "baseline-rl-hard": ("plain", "causal")}
+    assert resolved("--recipe", "npr") == {
+        "pretrain": ("none", "structured"), "format-rl": ("parallel", "causal"), "rejection": ("parallel", "causal"),
+        "sft": ("parallel", "structured"), "parallel-rl": ("parallel", "structured")}
+
+    # a GRPO stage samples with its own prompt and mode, and is evaluated with them
+    prompts, real = [], nanopar.grpo.sample
+    monkeypatch.setattr(nanopar.grpo, "sample", lambda model, ids, policy, *rest: prompts.append(
+        (ids[0], policy.mode)) or real(model, ids, policy, *rest))
+    args = ["--out", str(tmp_path / "base"), *SMALL, "--baseline", "--instructions", "parallel", "--stages",
+            "pretrain,baseline-rl-easy", "--eval-problems", "2", "--mode", "causal"]
+    train.main(args)
+    tokenizer = load_model(ModelSettings("toy:model"))[1]
+    assert prompts and all(not tokenizer.decode(ids).startswith("in parallel") and mode == "causal"
+                           for ids, mode in prompts)  # plain: the toy says nothing
+    how = json.loads((tmp_path / "base" / "5-baseline-rl-easy" / "eval.json").read_text())["how"]
+    pretrain = json.loads((tmp_path / "base" / "1-pretrain" / "eval.json").read_text())["how"]
+    assert how["instructions"] == ["", ""] and pretrain["instructions"] == ["in parallel", "in parallel"]
+
+
+def test_the_toy_base_learns_to_follow_the_parallel_instructions_from_a_tenth_of_its_traces():
+    """A tenth of the pretraining traces are prompted "in parallel" and answered with an easy
+    parallel trace, so the base follows the instructions some of the time, as an instruct model."""
+    from nanopar.format import check_parallel
+    from nanopar.toy import teacher_traces
+
+    records = teacher_traces("toy:sequential")
+    instructed = [r for r in records if r.get("instructions") == "parallel"]
+    assert len(instructed) == len(records) // 10
+    assert all(check_parallel(r["response"]).ok and r["id"].startswith("toy-easy") for r in instructed)
+    assert not any(check_parallel(r["response"]).ok for r in records if "instructions" not in r)
+    config = train.parse_config(train.TrainConfig, [])
+    runner = nanopar.runner.Runner(config, train.recipe(config))
+    pretrain = runner.stages[0]
+    tokenizer = load_model(ModelSettings("toy:model"))[1]
+    examples = runner.sft_examples(pretrain, tokenizer)
+    marked = [tokenizer.decode(p) for p, _ in examples if tokenizer.decode(p).startswith("in parallel")]
+    assert len(marked) == len(instructed)
+
+
+@pytest.mark.slow
+def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
+    """--recipe npr: format RL, rejection sampling (a stand-in model that is right half the time),
+    parallel SFT on the kept traces, parallel RL; every stage evaluated, the table printed."""
+    half_right_sampler(monkeypatch)
+    out = train.main(["--out", str(tmp_path), "--recipe", "npr", *SMALL, "--distill-tries", "2",
+                      "--eval-problems", "2"])
+    assert len(read_jsonl(out / "3-rejection" / "traces.jsonl")) == 3
+    log = read_metrics(out)
+    assert [r["stage"] for r in log if r.get("event") == "eval"] == ["pretrain", "format-rl", "sft", "parallel-rl"]
+    assert all(r["reward_spec"] == {"npr_format": 1.0} for r in log if r.get("stage") == "format-rl" and "step" in r)
+    assert (out / "5-parallel-rl" / "final").is_dir()
