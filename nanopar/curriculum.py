@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import NanoparError
+from .data import source_for
 from .sampler import SamplerSettings
 
 RECIPES = ("parallel-r1", "npr")
@@ -71,7 +72,7 @@ class TrainConfig(SamplerSettings):
     path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     gradient_checkpointing: bool = False  # recompute activations in backward: much less memory on a GPU, ~30% slower
     # the data
-    pretrain_data: str = "toy:sequential"  # sequential traces to pretrain on first ("" = no pretraining)
+    pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct; a real model: none), "" = none
     easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
     hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
     sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
@@ -95,6 +96,7 @@ class TrainConfig(SamplerSettings):
     hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
     baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
+    distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all)
     # held-out evaluation after every training stage (the final table)
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
     eval_problems: int = 100  # first N problems of each (0 = no evaluation)
@@ -126,8 +128,11 @@ class TrainConfig(SamplerSettings):
 def recipe(config: TrainConfig) -> list[Stage]:
     """The stages of `config.recipe`, sized by the config."""
     c = config
-    base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr)
-            ] if c.pretrain_data else []
+    pretrain = c.pretrain_data
+    if pretrain == "auto":  # a world that builds its own base model says on which traces, per recipe
+        source = source_for(c.easy_data)
+        pretrain = (source.bases or {}).get(c.recipe, "") if source is not None else ""
+    base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=pretrain, lr=c.pretrain_lr)] if pretrain else []
     if c.recipe == "parallel-r1":
         cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1,
                                                   teacher=c.teacher, instructions="parallel")]  # the elicitation prompt

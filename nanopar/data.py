@@ -54,6 +54,7 @@ class Source:
     model: Callable[[str, Any, str], tuple] | None = None  # (name, dtype, attn_implementation) -> (model, tokenizer)
     model_names: tuple[str, ...] = ()  # the names `model` builds ("toy:model"), listed in errors
     instructions: dict[str, str] | None = None  # its own text for an instruction name ("parallel" -> ...)
+    bases: dict[str, str] | None = None  # recipe -> the traces its base model is pretrained on (--pretrain-data auto)
 
 
 # spec prefix -> Source, or "module:attribute" of one, imported on first use (then stored here)

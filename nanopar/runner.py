@@ -134,7 +134,7 @@ class Runner:
         strong model) or its input model (NPR's rejection: self-distillation); keep one correct,
         valid parallel trace per problem."""
         model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage), stage.mode)
-        problems = self.problems(stage.data)
+        problems = self.problems(stage.data)[: self.config.distill_problems or None]
         eos, kept = stop_ids(model, tokenizer), []
         chunk = max(1, self.config.prompts_per_step)
         with progress(self.console) as bar:

@@ -400,11 +400,11 @@ def _training_problems(level: str, n: int) -> tuple[Problem, ...]:
 INSTRUCTIONS = {"parallel": "in parallel", "plain": "", "none": ""}  # what the toy's prompts say, by name
 
 TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
-    # stage 0 pretraining. Like a real instruct model's, the base follows the parallel instructions
-    # some of the time: a tenth of its traces are prompted "in parallel" and written as a parallel
-    # trace (easy problems only, as a strong model writes valid ones on GSM8K and none on DAPO);
-    # without the marker it never writes a block (the cold-start problem stays visible)
-    "toy:sequential": [("easy", "sequential", 0.45), ("hard", "sequential", 0.45), ("easy", "instructed", 0.1)],
+    "toy:sequential": [("easy", "sequential", 0.5), ("hard", "sequential", 0.5)],  # a base model (Parallel-R1's)
+    # an instruct model (NPR's): it follows the parallel instructions some of the time, since a
+    # tenth of its traces are prompted "in parallel" and written as a parallel trace (easy problems
+    # only, as a strong model writes valid ones on GSM8K and none on DAPO)
+    "toy:instruct": [("easy", "sequential", 0.45), ("hard", "sequential", 0.45), ("easy", "instructed", 0.1)],
     # the cold start: easy parallel traces, with some hard sequential ones kept in the mix so the
     # model does not apply 3-number patterns to 4-number problems (TOY-NOTES: hard accuracy fell to 0)
     "toy:parallel": [("easy", "parallel", 0.75), ("hard", "sequential", 0.25)],
@@ -428,4 +428,4 @@ def teacher_traces(spec: str, n: int = 4000, seed: int = 3) -> list[dict]:
 
 # the toy world as a data source (data.SOURCES["toy"]): "toy:easy" problems, "toy:parallel" traces, "toy:model"
 SOURCE = Source(problems=toy_problems, traces=teacher_traces, model=toy_model, model_names=(MODEL_NAME,),
-                instructions=INSTRUCTIONS)
+                instructions=INSTRUCTIONS, bases={"parallel-r1": "toy:sequential", "npr": "toy:instruct"})

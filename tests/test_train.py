@@ -378,19 +378,22 @@ def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode
 
 
 def test_the_toy_base_learns_to_follow_the_parallel_instructions_from_a_tenth_of_its_traces():
-    """A tenth of the pretraining traces are prompted "in parallel" and answered with an easy
-    parallel trace, so the base follows the instructions some of the time, as an instruct model."""
+    """NPR's toy base: a tenth of its pretraining traces are prompted "in parallel" and answered
+    with an easy parallel trace, so it follows the instructions some of the time, as an instruct
+    model; Parallel-R1's base never saw the marker."""
     from nanopar.format import check_parallel
     from nanopar.toy import teacher_traces
 
-    records = teacher_traces("toy:sequential")
+    records = teacher_traces("toy:instruct")
     instructed = [r for r in records if r.get("instructions") == "parallel"]
     assert len(instructed) == len(records) // 10
     assert all(check_parallel(r["response"]).ok and r["id"].startswith("toy-easy") for r in instructed)
     assert not any(check_parallel(r["response"]).ok for r in records if "instructions" not in r)
-    config = train.parse_config(train.TrainConfig, [])
+    assert not any("instructions" in r for r in teacher_traces("toy:sequential"))  # Parallel-R1's base model
+    config = train.parse_config(train.TrainConfig, ["--recipe", "npr"])
     runner = nanopar.runner.Runner(config, train.recipe(config))
     pretrain = runner.stages[0]
+    assert pretrain.traces == "toy:instruct"  # --pretrain-data auto: NPR starts from an instruct model
     tokenizer = load_model(ModelSettings("toy:model"))[1]
     examples = runner.sft_examples(pretrain, tokenizer)
     marked = [tokenizer.decode(p) for p, _ in examples if tokenizer.decode(p).startswith("in parallel")]
