@@ -132,7 +132,9 @@ def recipe(config: TrainConfig) -> list[Stage]:
     if pretrain == "auto":  # a world that builds its own base model says on which traces, per recipe
         source = source_for(c.easy_data)
         pretrain = (source.bases or {}).get(c.recipe, "") if source is not None else ""
-    base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=pretrain, lr=c.pretrain_lr)] if pretrain else []
+    # a base (or instruct) model is an ordinary causal LM: its parallel traces, if any, read causally
+    base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=pretrain, lr=c.pretrain_lr, mode="causal")
+            ] if pretrain else []
     if c.recipe == "parallel-r1":
         cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1,
                                                   teacher=c.teacher, instructions="parallel")]  # the elicitation prompt

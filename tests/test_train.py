@@ -359,7 +359,7 @@ def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode
         "rl-hard": ("parallel", "causal"), "baseline-rl-easy": ("plain", "causal"),
         "baseline-rl-hard": ("plain", "causal")}
     assert resolved("--recipe", "npr") == {
-        "pretrain": ("none", "structured"), "format-rl": ("parallel", "causal"), "rejection": ("parallel", "causal"),
+        "pretrain": ("none", "causal"), "format-rl": ("parallel", "causal"), "rejection": ("parallel", "causal"),
         "sft": ("parallel", "structured"), "parallel-rl": ("parallel", "structured")}
 
     # a GRPO stage samples with its own prompt and mode, and is evaluated with them
