@@ -286,7 +286,7 @@ def test_held_out_results_are_reused_only_while_nothing_that_changes_the_samples
     def evaluations(*more):
         config = train.parse_config(train.TrainConfig, [*base, *more])
         runner = nanopar.runner.Runner(config, train.recipe(config))
-        stage = runner.stages[0]
+        stage = runner.stages[1]  # sft: its prompt and mode are the flags' (pretraining always reads causally)
         if not (runner.folder(stage) / "final").exists():
             save_checkpoint(runner.folder(stage) / "final", *load_model(ModelSettings("toy:model")))
         runner.evaluate(stage)
