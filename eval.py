@@ -109,7 +109,7 @@ def run(config: EvalConfig, console: Console) -> dict:
     settings = SamplerSettings.taken_from(config)
     settings.check()  # everything that can be wrong fails before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    instructions = instructions_named(config.instructions)
+    instructions_named(config.instructions)  # a known name, checked before the model loads
     if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0:
         raise NanoparError("--samples and --batch-size must be >= 1, --speedup-batches >= 0")
     if not 0 <= config.pass_k <= config.samples:
@@ -132,6 +132,7 @@ def run(config: EvalConfig, console: Console) -> dict:
         for name, problems in benchmarks.items():
             task = bar.add_task(name, total=len(problems))
             began = time.perf_counter()
+            instructions = instructions_named(config.instructions, name)  # as this benchmark's source words them
             found = evaluate(model, tokenizer, problems, policy, settings, config.samples, instructions, config.chat,
                              config.batch_size, progress=lambda done, task=task: bar.update(task, completed=done))
             metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, policy,

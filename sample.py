@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     settings = SamplerSettings.taken_from(config)
     settings.check()  # before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    instructions = instructions_named(config.instructions)
+    instructions = instructions_named(config.instructions, config.prompts_file)  # a source may word them (toy:)
     prompts = ([config.prompt] if config.prompt else []) + (
         [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
     )

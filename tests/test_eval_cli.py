@@ -160,3 +160,15 @@ def test_the_script_prints_an_error_as_one_line():
     assert result.returncode == 1
     assert result.stderr == ("error: benchmark or file not found: missing.jsonl "
                              "(known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23)\n")
+
+
+def test_each_benchmark_is_prompted_as_its_source_words_the_instructions(tmp_path):
+    """--instructions parallel: the toy's problems get the toy's marker, a math set the English
+    instructions (the toy model never saw those)."""
+    out = tmp_path / "eval"
+    eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout,aime24", "--limit", "1",
+                      "--samples", "1", "--max-new-tokens", "4", "--speedup-batches", "0", "--instructions", "parallel",
+                      "--out", str(out)])
+    prompts = {r["benchmark"]: r["prompt"] for r in read_jsonl(out / "samples.jsonl")}
+    assert prompts["toy:easy:heldout"].startswith("in parallel\n\nnumbers")
+    assert prompts["aime24"].startswith("Work through the problem below")
