@@ -30,7 +30,7 @@ from rich.console import Console
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
 from .curriculum import Stage, TrainConfig, source_of
-from .data import SLICE, TEST_SETS, Problem, load_problems, load_traces, write_jsonl
+from .data import SLICE, Problem, load_problems, load_traces, test_set_of, write_jsonl
 from .evaluation import evaluate, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
 from .metrics import MetricsLog
@@ -306,20 +306,19 @@ class Runner:
         return random.Random(f"{self.config.seed}/{stage.name}/sample/{step}").randrange(2**31)
 
     def eval_sets(self) -> list[str]:
-        """The --eval-data sets. "auto" follows the run's easy and hard data: a toy set's held-out
-        twin ("toy:easy" -> "toy:easy:heldout"), a shipped training set's test set (gsm8k_train ->
-        gsm8k), else the set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"),
-        which `problems` leaves out of training. Never a problem the run trains on."""
+        """The --eval-data sets. "auto" follows the run's easy and hard data: the held-out set that
+        goes with each (`data.test_set_of`: "toy:easy" -> "toy:easy:heldout", gsm8k_train -> gsm8k),
+        else the set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"), which
+        `problems` leaves out of training. Never a problem the run trains on."""
         config = self.config
         if config.eval_data != "auto":
             return [spec.strip() for spec in config.eval_data.split(",") if spec.strip()]
         if self._auto_eval is None:
             self._auto_eval = []
             for spec in dict.fromkeys(s for s in (config.easy_data, config.hard_data) if s and config.eval_problems):
-                if spec.startswith("toy:"):
-                    self._auto_eval.append(f"{spec}:heldout")
-                elif spec in TEST_SETS:
-                    self._auto_eval.append(TEST_SETS[spec])
+                test_set = test_set_of(spec)
+                if test_set is not None:
+                    self._auto_eval.append(test_set)
                 else:
                     whole = load_problems(spec, config.question_field or None, config.answer_field or None)
                     if len(whole) >= 2:
