@@ -31,7 +31,7 @@ from rich.table import Table
 from nanopar import NanoparError
 from nanopar.config import parse_config, save_config
 from nanopar.curriculum import TrainConfig, recipe, select
-from nanopar.data import read_jsonl
+from nanopar.data import read_jsonl, source_for
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner
@@ -68,8 +68,8 @@ def summary(runner: Runner, stages) -> Table:
 
 
 def _label(spec: str) -> str:
-    """A short column name for an evaluation set: "toy:easy:heldout" -> "easy"."""
-    return spec.split(":")[1] if spec.startswith("toy:") else Path(spec).stem
+    """A short column name for an evaluation set: a registered source's "toy:easy:heldout" -> "easy"."""
+    return spec.split(":")[1] if source_for(spec) is not None else Path(spec).stem
 
 
 def _mean(values: list[float]) -> float | None:
