@@ -98,7 +98,7 @@ def forced_block_model(vocab, tags: TagIds, trigger: int):
 
     def steer(module, args, kwargs, out):
         bias = banned.expand_as(out.logits).clone()
-        bias[..., tags.parallel_open] += 2e4 * (kwargs["input_ids"][:, -1:] == trigger)  # [N, 1]
+        bias[..., tags.block_open] += 2e4 * (kwargs["input_ids"][:, -1:] == trigger)  # [N, 1]
         out.logits = out.logits + bias
         return out
 

@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import PAD, bias_logits  # noqa: E402  (the tests' logit-bias hook: one home for both)
 
 MB = 2**20
-TAG_RATES = {"parallel_open": 0.03, "path_close": 0.05, "summary_close": 0.05}  # target p(tag) per step
+TAG_RATES = {"block_open": 0.03, "path_close": 0.05, "summary_close": 0.05}  # target p(tag) per step
 QWEN25 = {  # the shapes of Qwen2.5-0.5B / 1.5B (their config.json), for --full-size
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
@@ -118,7 +118,7 @@ def tiny_contestant(name, mode, vocab, tokenizer_vocab, args, device, repeats, c
 def make_prompts(batch, tags: TagIds, length=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = [length - (i % 4) for i in range(batch)]  # different lengths: padding matters
-    return [torch.randint(10, tags.parallel_open - 10, (n,), generator=g).tolist() for n in lengths]
+    return [torch.randint(10, tags.block_open - 10, (n,), generator=g).tolist() for n in lengths]
 
 
 def make_rewards(n, seed=0):

@@ -33,6 +33,7 @@ from .prompts import build_prompt, stop_ids
 from .rewards import RewardResult, parse_reward_spec, response_text, score
 from .sampler import SamplerSettings, sample
 from .show import rollout_record
+from .tags import PARALLEL_R1, schema_named
 from .trace import parse_trace
 
 
@@ -84,7 +85,8 @@ def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_i
         "extracted": result.grade.extracted,
         "correct": result.grade.correct,
         "parse_error": result.grade.error,
-        "format_ok": check_format(text).ok,  # Algorithm 1 (the `format` reward); a valid parallel trace: has_parallel
+        "schema": rollout.trace.schema.name,  # the tag schema the response was read with
+        "format_ok": check_format(text, rollout.trace.schema).ok,  # the schema's rules (the `format` reward); a valid parallel trace: has_parallel
         **response_structure(rollout),  # blocks, paths, positions (token offsets), lengths, finish
         "question": problem.question,  # with answer and extra: the Problem again, for re-scoring
         "extra": problem.extra,
@@ -187,13 +189,15 @@ def problem_of(record: dict, where: str = "record") -> Problem:
 
 def rescore(records: list[dict], spec: str, where: str = "record") -> list[RewardResult]:
     """`rewards.score(spec, ...)` on every saved response; the trace is read again from the text
-    (`trace.parse_trace`, character offsets). `where` names the file in errors ("<where>:<line>")."""
+    (`trace.parse_trace`, character offsets, in the record's "schema", Parallel-R1's when it has
+    none). `where` names the file in errors ("<where>:<line>")."""
     parse_reward_spec(spec)  # an unknown reward fails before any grading
     results = []
     for number, record in enumerate(records, 1):
         problem = problem_of(record, f"{where}:{number}")
         text = record["response"]
-        results.append(score(spec, text, parse_trace(text), problem))
+        schema = schema_named(record.get("schema", PARALLEL_R1.name))
+        results.append(score(spec, text, parse_trace(text, schema), problem))
     return results
 
 

@@ -1,16 +1,28 @@
-"""The judges of a trace: Parallel-R1's Algorithm 1, and what "a valid parallel trace" means.
+"""The judges of a trace: each schema's format rules, and what "a valid parallel trace" means.
 
-The rules, exactly as released (scan the tags in order with a stack):
+Parallel-R1's Algorithm 1, exactly as released (scan the tags in order with a stack):
   1. a closing tag must match the tag on top of the stack;
   2. every <Parallel> block holds at least two <Path>s (directly inside it);
   3. <Summary> is the next tag after </Parallel>;
   4. the stack is empty at the end;
   5. the number of <Summary> equals the number of </Parallel>.
 Text between tags is never inspected, and a trace without any tag is valid (and not parallel).
+
+NPR's rules (our reading of its released prompt; `check_npr_tags` on the tags, three more on a text):
+  1. a <guideline> holds one or more <plan>…</plan> and nothing else; nothing nests;
+  2. the steps right after </guideline> are as many as its plans;
+  3. step i opens with "i:" (it executes plan i)                                          [text]
+  4. the steps are followed by <takeaway>…</takeaway> (it analyses them), then the main chain;
+  5. no text between the tags of a round (whitespace aside)                                [text]
+  6. the answer comes after the last </takeaway>: text follows it                       [text]
+"Step i uses only plan i" and "the takeaway only analyses" are about meaning: not checked.
+A trace without tags is valid (and not parallel); a round with one plan is valid, not parallel.
+
 Algorithm 1 accepts tags the lenient reading (`trace.py`: what the sampler and layout follow)
 treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So every reward,
 filter and metric that means "a valid parallel trace" asks `check_parallel` instead: Algorithm 1
-on the tags as read AND no stray tag AND not truncated AND at least one valid block.
+on the tags as read AND no stray tag AND not truncated AND at least one valid block. It judges
+a reading (a rollout's token ids), so NPR's text rules are `check_format`'s alone.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .tags import PARALLEL_R1, TagSchema, find_tags
-from .trace import Trace, parse_trace
+from .trace import Trace, parse_trace, read_tag
 
 
 @dataclass(frozen=True)
@@ -31,23 +43,30 @@ class FormatCheck:
 
 
 def check_format(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
-    """Algorithm 1 on a text.
+    """The schema's format rules on a text: Algorithm 1, or NPR's rules 1-6.
 
     >>> check_format("a <Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>z</Summary> b").ok
     True
     >>> check_format("<Parallel><Path>x</Path></Parallel><Summary>z</Summary>").reason
     'a <Parallel> block holds 1 <Path>; at least 2 are needed'
     """
-    return check_tag_sequence([name for _, _, name in find_tags(text, schema)], schema)
+    tags = find_tags(text, schema)
+    rules = check_tag_sequence([role for _, _, role in tags], schema)
+    if not rules or not schema.planned:
+        return rules
+    return _check_npr_text(text, tags, schema)
 
 
 def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
     """A valid parallel trace, the one definition: the `parallel` rewards, `npr_format`, PAPO's drop,
-    the distill filters and the parallel-ratio metric all ask this. A text is read first.
+    the distill filters and the parallel-ratio metric all ask this. A text is read first (with
+    `schema`); a `Trace` is judged by the schema it was read with.
 
     Judged on the reading (for a rollout: its token ids, as sampled and as the layout trains on
-    them). On a reading with no stray tag that is not truncated, Algorithm 1 holds exactly when
-    every block is valid; it is checked anyway, so the definition reads as the rule it is.
+    them). On a reading with no stray tag that is not truncated, the schema's tag rules hold
+    exactly when every block is well formed; they are checked anyway, so the definition reads
+    as the rule it is. Under NPR this is its "parallel trigger" (a guideline of two or more
+    plans) in a response whose rounds are all well formed.
 
     >>> check_parallel("a<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>b").ok
     True
@@ -57,19 +76,32 @@ def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> Forma
     'no valid parallel block'
     """
     trace = parse_trace(trace, schema) if isinstance(trace, str) else trace
-    algorithm_1 = check_tag_sequence(trace.tags, schema)
-    if not algorithm_1:
-        return algorithm_1
+    rules = check_tag_sequence(trace.tags, trace.schema)
+    if not rules:
+        return rules
     if trace.error:  # stray tags, or the input ends inside a block or a summary
         return FormatCheck(False, trace.error)
     if not any(block.valid for block in trace.blocks):
-        return FormatCheck(False, "no valid parallel block")
+        s = trace.schema
+        return FormatCheck(False, f"no {s.block_open} of two or more {s.plan_open}" if s.planned else "no valid parallel block")
     return FormatCheck(True)
 
 
+def check_well_formed(trace: Trace) -> FormatCheck:
+    """The schema's tag rules on a reading, with no stray tag and not truncated: a response
+    that may be sequential (no tag, or NPR rounds of one plan) but breaks no rule."""
+    rules = check_tag_sequence(trace.tags, trace.schema)
+    if rules and trace.error:
+        return FormatCheck(False, trace.error)
+    return rules
+
+
 def check_tag_sequence(names: list[str], schema: TagSchema = PARALLEL_R1) -> FormatCheck:
-    """Algorithm 1 on the tags alone, given as field names ("parallel_open", "path_close", ...)."""
-    stack: list[str] = []  # open kinds: "parallel", "path", "summary"
+    """The schema's rules on the tags alone, given as roles ("block_open", "path_close", ...):
+    Algorithm 1, or NPR's tag rules (`check_npr_tags`) for a schema with plans."""
+    if schema.planned:
+        return check_npr_tags(names, schema)
+    stack: list[str] = []  # open kinds: "block", "path", "summary"
     paths_in_block: list[int] = []  # one counter per open <Parallel>
     summary_due = False  # the previous tag was </Parallel>
     summaries = parallel_closes = 0
@@ -77,12 +109,12 @@ def check_tag_sequence(names: list[str], schema: TagSchema = PARALLEL_R1) -> For
         kind, side = name.rsplit("_", 1)
         tag = getattr(schema, name)
         if summary_due and name != "summary_open":
-            return FormatCheck(False, f"{tag} follows {schema.parallel_close}; expected {schema.summary_open}")
+            return FormatCheck(False, f"{tag} follows {schema.block_close}; expected {schema.summary_open}")
         summary_due = False
         if side == "open":
-            if kind == "path" and stack and stack[-1] == "parallel":
+            if kind == "path" and stack and stack[-1] == "block":
                 paths_in_block[-1] += 1
-            elif kind == "parallel":
+            elif kind == "block":
                 paths_in_block.append(0)
             elif kind == "summary":
                 summaries += 1
@@ -93,20 +125,90 @@ def check_tag_sequence(names: list[str], schema: TagSchema = PARALLEL_R1) -> For
         if stack[-1] != kind:
             return FormatCheck(False, f"{tag} closes {getattr(schema, stack[-1] + '_open')}")
         stack.pop()
-        if kind == "parallel":
+        if kind == "block":
             paths = paths_in_block.pop()
             if paths < 2:
                 return FormatCheck(
-                    False, f"a {schema.parallel_open} block holds {paths} {schema.path_open}; at least 2 are needed"
+                    False, f"a {schema.block_open} block holds {paths} {schema.path_open}; at least 2 are needed"
                 )
             parallel_closes += 1
             summary_due = True
     if summary_due:
-        return FormatCheck(False, f"{schema.parallel_close} is not followed by {schema.summary_open}")
+        return FormatCheck(False, f"{schema.block_close} is not followed by {schema.summary_open}")
     if stack:
         return FormatCheck(False, f"{getattr(schema, stack[-1] + '_open')} is never closed")
     if summaries != parallel_closes:
         return FormatCheck(
-            False, f"{summaries} {schema.summary_open} for {parallel_closes} {schema.parallel_close}"
+            False, f"{summaries} {schema.summary_open} for {parallel_closes} {schema.block_close}"
         )
     return FormatCheck(True)
+
+
+_INSIDE = {"plans": "block_open", "plan": "plan_open", "step": "path_open", "takeaway": "summary_open"}
+
+
+def check_npr_tags(names: list[str], schema: TagSchema) -> FormatCheck:
+    """NPR's rules 1, 2 and 4 on the tags alone (roles, as `check_tag_sequence` takes them).
+
+    >>> from nanopar.tags import NPR
+    >>> check_npr_tags(["block_open", "plan_open", "plan_close", "plans_close", "path_open", "path_close",
+    ...                 "summary_open", "summary_close"], NPR).ok
+    True
+    >>> check_npr_tags(["block_open", "plans_close"], NPR).reason
+    'a <guideline> holds no <plan>; one or more are needed'
+    """
+    s = schema
+    state, plans, steps = "main", 0, 0  # state: main, plans, plan, steps, step, takeaway
+    for role in names:
+        tag = getattr(s, role)
+        if state == "main" and role == "block_open":
+            state, plans = "plans", 0
+        elif state == "main":
+            return FormatCheck(False, f"{tag} outside a round; a round opens with {s.block_open}")
+        elif state == "plans" and role == "plan_open":
+            state = "plan"
+        elif state == "plans" and role == "plans_close":
+            if plans == 0:
+                return FormatCheck(False, f"a {s.block_open} holds no {s.plan_open}; one or more are needed")
+            state, steps = "steps", 0
+        elif state == "plans":
+            return FormatCheck(False, f"{tag} inside a {s.block_open}, where only {s.plan_open}s belong")
+        elif state in ("plan", "step", "takeaway"):
+            closing = {"plan": "plan_close", "step": "path_close", "takeaway": "summary_close"}[state]
+            if role != closing:
+                return FormatCheck(False, f"{tag} inside a {getattr(s, _INSIDE[state])}")
+            state, plans, steps = {"plan": ("plans", plans + 1, steps), "step": ("steps", plans, steps + 1),
+                                   "takeaway": ("main", plans, steps)}[state]
+        elif role == "path_open" and steps < plans:  # state "steps"
+            state = "step"
+        elif role == "summary_open" and steps == plans:
+            state = "takeaway"
+        elif role in ("path_open", "summary_open"):
+            return FormatCheck(False, f"a guideline of {plans} {s.plan_open} is followed by "
+                                      f"{steps + (role == 'path_open')} {s.path_open}; the counts must match")
+        else:
+            return FormatCheck(False, f"{tag} after the steps; expected {s.path_open} or {s.summary_open}")
+    if state != "main":
+        return FormatCheck(False, f"{getattr(s, _INSIDE.get(state, 'block_open'))} is never closed"
+                           if state != "steps" else f"the steps are not followed by {s.summary_open}")
+    return FormatCheck(True)
+
+
+def _check_npr_text(text: str, tags: list[tuple[int, int, str]], schema: TagSchema) -> FormatCheck:
+    """NPR's rules 3, 5 and 6 on a text whose tags already pass `check_npr_tags`."""
+    state, step = "main", 0
+    for (_, end, role), (start, _, following) in zip(tags, tags[1:]):
+        state, _ = read_tag(state, role, schema)
+        if role == "plans_close":
+            step = 0
+        if role == "path_open":
+            step += 1
+            label = schema.label(step - 1)
+            if not text[end:].lstrip().startswith(label):
+                return FormatCheck(False, f"step {step} does not open with {label!r}")
+        if state in ("plans", "block") and text[end:start].strip():
+            return FormatCheck(False, f"text between {getattr(schema, role)} and {getattr(schema, following)}")
+    if tags and tags[-1][2] == "summary_close" and not text[tags[-1][1]:].strip():
+        return FormatCheck(False, f"no answer after the last {schema.summary_close}")
+    return FormatCheck(True)
+

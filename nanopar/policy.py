@@ -23,14 +23,14 @@ import torch
 
 from . import NanoparError
 from .layout import MODES
-from .tags import TagIds
+from .tags import PARALLEL_R1, TagIds, TagSchema
 
 
 @dataclass(frozen=True)
 class Policy:
     """Everything that decides the distribution sampled and trained, in one frozen value."""
 
-    tag_ids: TagIds | None  # the tags as token ids; None = plain decoding (tags are text, nothing forks)
+    tag_ids: TagIds | None  # the schema's tags as token ids (tag_ids.schema); None = plain decoding (nothing forks)
     mode: str = "structured"  # attention layout: "structured" (Unseen: paths isolated) or "causal" (Seen)
     temperature: float = 1.0  # softmax(logits / T); 0 = greedy sampling, log-probs then read at T = 1
     vocab_size: int | None = None  # len(tokenizer): ids >= it (Qwen's padded rows) are cut away; None = all
@@ -45,9 +45,10 @@ class Policy:
             raise NanoparError(f"path_stride must be >= 0, not {self.path_stride}")
 
     @classmethod
-    def of(cls, tokenizer, mode: str = "structured", temperature: float = 1.0, path_stride: int = 0) -> "Policy":
-        """The policy of a model with this tokenizer (its tags must be single tokens)."""
-        return cls(TagIds.from_tokenizer(tokenizer), mode, temperature, len(tokenizer), path_stride)
+    def of(cls, tokenizer, mode: str = "structured", temperature: float = 1.0, path_stride: int = 0,
+           schema: TagSchema = PARALLEL_R1) -> "Policy":
+        """The policy of a model with this tokenizer, in `schema`'s tags (each must be a single token)."""
+        return cls(TagIds.from_tokenizer(tokenizer, schema), mode, temperature, len(tokenizer), path_stride)
 
     def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
         """log softmax(logits / T) over the real vocabulary. [..., V] -> [..., vocab_size]"""

@@ -27,9 +27,9 @@ from typing import Callable, Protocol
 
 from . import NanoparError
 from .data import Problem
-from .format import check_format, check_parallel
+from .format import check_format, check_parallel, check_well_formed
 from .grading import Grade, grade
-from .tags import TagIds
+from .tags import PARALLEL_R1, TagIds, TagSchema
 from .trace import Trace, parse_ids, parse_trace
 
 RewardFn = Callable[[str, Trace, Problem], float]
@@ -177,8 +177,9 @@ def accuracy(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("format")
 def format_reward(text: str, trace: Trace, problem: Problem) -> float:
-    """+1 if Parallel-R1's Algorithm 1 accepts the text (a text without tags passes), else -1."""
-    return 1.0 if check_format(text).ok else -1.0
+    """+1 if the format rules of the trace's schema accept the text (Parallel-R1's Algorithm 1, or
+    NPR's rules; a text without tags passes), else -1."""
+    return 1.0 if check_format(text, trace.schema).ok else -1.0
 
 
 @register("parallel")
@@ -209,11 +210,13 @@ def npr_format(text: str, trace: Trace, problem: Problem) -> float:
 
     NPR adds a format signal (0 when the format check passes, a penalty in (0, -2] when it
     fails) to an accuracy signal (+1 / -1) given only when the format passes; NPR's format is
-    the parallel structure, so a tagless answer does not pass. Ours, highest first:
+    the parallel structure, so a tagless answer does not pass. Ours, in the trace's schema,
+    highest first:
       valid parallel trace (`format.check_parallel`), correct     +1
-      no tag at all (a sequential answer), correct                  0
-      valid parallel or tagless, wrong                             -1
-      structural problems (stray tags, invalid blocks, truncated)  -1 for one, 0.25 less for
+      well formed but sequential (no tag; NPR: rounds of one
+      plan), correct (`format.check_well_formed`)                   0
+      valid parallel or well formed, wrong                         -1
+      structural problems (stray tags, bad blocks, truncated)      -1 for one, 0.25 less for
                                                                    each further one, floor -2
     A correct sequential answer earns more than a wrong one (it is still an answer), less than
     a correct parallel one (so the stage teaches the format).
@@ -229,9 +232,9 @@ def npr_format(text: str, trace: Trace, problem: Problem) -> float:
     correct = is_correct(text, problem)
     if check_parallel(trace):
         return 1.0 if correct else -1.0
-    if not trace.tags:  # a sequential answer
+    if check_well_formed(trace):  # a sequential answer
         return 0.0 if correct else -1.0
-    problems = len(trace.stray) + sum(not b.valid for b in trace.blocks) + int(trace.truncated)
+    problems = len(trace.stray) + sum(not b.well_formed for b in trace.blocks) + int(trace.truncated)
     return -min(2.0, 1.0 + 0.25 * (max(problems, 1) - 1))
 
 
@@ -378,12 +381,13 @@ def schedule_from_string(text: str) -> RewardSchedule:
 # ----------------------------------------------------------------------------- TRL adapter
 
 
-def as_trl_reward(fn_or_name: str | RewardFn, tokenizer=None, answer_key: str = "answer"):
+def as_trl_reward(fn_or_name: str | RewardFn, tokenizer=None, answer_key: str = "answer",
+                  schema: TagSchema = PARALLEL_R1):
     """A reward with TRL GRPOTrainer's signature, `f(completions, **kwargs) -> list[float]`.
 
     `kwargs[answer_key]` holds the gold answers (one per completion); `question` or `problem`
     columns, when present, fill `Problem.question`. With `tokenizer`, the text and trace come
-    from `completion_ids` decoded with the tags kept. Grading errors are counted in
+    from `completion_ids` decoded with the tags kept. Traces are read in `schema`'s tags. Grading errors are counted in
     `f.grade_errors` (a Counter of error messages).
 
     >>> f = as_trl_reward("accuracy")
@@ -394,7 +398,7 @@ def as_trl_reward(fn_or_name: str | RewardFn, tokenizer=None, answer_key: str = 
         name, fn = fn_or_name, get_reward(fn_or_name)
     else:
         name, fn = getattr(fn_or_name, "__name__", "reward"), fn_or_name
-    tag_ids = TagIds.from_tokenizer(tokenizer) if tokenizer is not None else None
+    tag_ids = TagIds.from_tokenizer(tokenizer, schema) if tokenizer is not None else None
 
     def reward(completions, **kwargs) -> list[float]:
         if answer_key not in kwargs:
@@ -409,7 +413,7 @@ def as_trl_reward(fn_or_name: str | RewardFn, tokenizer=None, answer_key: str = 
                 text, trace = tokenizer.decode(ids[i], skip_special_tokens=False), parse_ids(ids[i], tag_ids)
             else:
                 text = _completion_text(completion)
-                trace = parse_trace(text)
+                trace = parse_trace(text, schema)
             problem = Problem(f"trl:{i}", str(questions[i]), str(kwargs[answer_key][i]), source="trl")
             with grading_scope() as grades:
                 values.append(float(fn(text, trace, problem)))

@@ -1,20 +1,24 @@
-"""The parallel-branch sampler: batched lanes over one KV cache, forked at <Parallel>, merged after.
+"""The parallel-branch sampler: batched lanes over one KV cache, forked into branches, merged after.
 
-A *lane* is one sequence being decoded; all lanes decode in one forward. `trace.read_tag` decides
-what a tag means, so the sampler and the trainer's layout cannot disagree. Structured mode
-(Unseen): `<Parallel>` in the main chain *forks* the lane: its cache row is duplicated K times and
-branch k is forced to open a `<Path>` at `layout.path_start` (start + k × the policy's stride); a
-branch that writes `</Path>` waits for its siblings, then they *merge* into one lane, cache row
-prefix ‖ path₁ ‖ … ‖ path_K as decoded (zero recompute), fed the inserted `</Parallel><Summary>`
-at `layout.after_block`. Causal mode (Seen) is plain decoding: no fork, the model writes every
-tag itself and so chooses how many paths a block has; later paths see earlier ones as training
-reads them. Rules, counted in the stats, never raised: a tag sampled where it means nothing is
-plain text; EOS ends the response (structured, in a path: the path); `max_path_tokens` closes a
-path with an inserted `</Path>`; a spent `max_new_tokens` (counted over all branches, NPR) ends
-the response (structured: its open paths get `</Path>`); after `max_blocks` blocks `<Parallel>`
-cannot be drawn. Inserted tokens are marked not sampled: never trained on. `Policy` is the
-distribution the trainer reads; `SamplerSettings` holds budgets and draw knobs. Not here:
-prompts (prompts.py), rewards, gradients; K is fixed per call (structured).
+A *lane* is one sequence being decoded; all lanes decode in one forward. The tag schema
+(`tags.TagSchema`, read through `trace.read_tag`) decides what a tag means, so the sampler and
+the trainer's layout cannot disagree. Structured mode (Unseen): the schema's fork tag in the main
+chain (`<Parallel>`; NPR: `</guideline>`) *forks* the lane: its cache row is duplicated into K
+branches, K = `settings.paths` (Parallel-R1) or the number of plans just written (NPR: one plan
+is a step of the main chain, no copy); branch k is forced to open its path (`<Path>`; NPR:
+`<step>` and its number "k:") at `layout.path_start` (start + k × the policy's stride); a branch
+that closes its path waits for its siblings, then they *merge* into one lane, cache row prefix ‖
+branch₁ ‖ … ‖ branch_K as decoded (zero recompute), fed the schema's merge tags
+(`</Parallel><Summary>`; NPR: `<takeaway>`) at `layout.after_block`. Causal mode (Seen) is plain
+decoding: no fork, the model writes every tag itself and so chooses how many paths a block has;
+later paths see earlier ones as training reads them. Rules, counted in the stats, never raised:
+a tag sampled where it means nothing is plain text; EOS ends the response (structured, in a path:
+the path); `max_path_tokens` closes a path with an inserted close tag; a spent `max_new_tokens`
+(counted over all branches, NPR) ends the response (structured: its open paths are closed);
+after `max_blocks` blocks the block tag cannot be drawn, nor (NPR) a plan beyond `paths`, nor
+`</guideline>` before a plan. Inserted tokens are marked not sampled: never trained on. `Policy`
+is the distribution the trainer reads; `SamplerSettings` holds budgets and draw knobs. Not here:
+prompts (prompts.py), rewards, gradients.
 """
 
 from __future__ import annotations
@@ -28,16 +32,13 @@ from . import NanoparError
 from .kvcache import LaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start
 from .policy import Policy, draw
-from .tags import TagIds
+from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
-
-
-MAX_PATHS = 8  # the most paths a block may be asked to open (each one is a lane of the batch)
 
 
 @dataclass
 class SamplerSettings:
-    paths: int = 2  # K: paths opened by every <Parallel> (structured; causal: the model writes its own)
+    paths: int = 2  # K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold
     max_new_tokens: int = 512  # sampled tokens per response, counted over all its branches
     max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn
     max_path_tokens: int = 256  # sampled tokens per path; then </Path> is inserted
@@ -63,7 +64,7 @@ class SamplerSettings:
 class RolloutStats:
     new_tokens: int  # response tokens, sampled and inserted
     sampled_tokens: int  # tokens drawn from the policy (what max_new_tokens bounds)
-    forks: int  # parallel blocks opened
+    forks: int  # blocks opened (<Parallel>; NPR: <guideline>, one plan or more)
     path_lengths: list[list[int]]  # tokens of each path of each block, as the sampler built them
     critical_path: int  # response tokens on the longest route (paths of a block side by side)
     stray_tags: int  # tags sampled where they mean nothing, kept as text
@@ -116,7 +117,8 @@ class _Response:
     prompt: list[int]
     tokens: _Tokens = field(default_factory=_Tokens)
     sampled: int = 0
-    forks: int = 0
+    forks: int = 0  # blocks opened
+    plans: int = 0  # plans closed in the block being written (NPR): its branch count
     stray: int = 0
     cut: int = 0
     path_lengths: list[list[int]] = field(default_factory=list)
@@ -173,7 +175,8 @@ class _Decoder:
     def __init__(self, model, policy: Policy, settings: SamplerSettings, eos: set[int], generator):
         self.model, self.policy, self.settings, self.eos, self.generator = model, policy, settings, eos, generator
         self.tags = policy.tag_ids
-        self.tag_names = self.tags.names() if self.tags else {}  # token id -> tag field name
+        self.schema = self.tags.schema if self.tags else None
+        self.tag_names = self.tags.names() if self.tags else {}  # token id -> tag role
         self.dtype = mask_dtype(model)
         self.structured = policy.mode == "structured"  # fork and merge; causal decodes plainly
 
@@ -195,7 +198,9 @@ class _Decoder:
                     kept += [(row, branch) for branch in self.fork(lane, response)]
                 elif lane.action == "end_path":
                     merge = self.end_path(lane, row, response)
-                    if merge is not None:
+                    if merge is not None and merge[0] is None:  # a block of one branch: the row goes on
+                        kept.append((row, merge[1]))
+                    elif merge is not None:
                         merged.append(merge)
                 elif self.advance(lane, response, drawn[row], chosen[row]):
                     kept.append((row, lane))
@@ -270,42 +275,47 @@ class _Decoder:
                 return False
             lane.forced.append(self.tags.path_close)  # EOS ends the path
             return True
-        name = self.tag_names.get(token)
-        if name is not None:
-            lane.state, structural = read_tag(lane.state, name)
+        role = self.tag_names.get(token)
+        if role is not None:
+            lane.state, structural = read_tag(lane.state, role, self.schema)
             if not structural:
                 response.stray += 1
-            elif name == "parallel_open" and self.structured:
+            elif self.structured and role == self.schema.fork_role:
                 lane.action = "fork"
-            elif name == "parallel_open":
-                response.forks += 1  # causal: the block goes on in this lane
-            elif name == "path_close" and self.structured:
+            elif self.structured and role == "path_close":
                 lane.action = "end_path"
-            elif name == "path_open":  # causal: a new path, its own length budget
+            elif role == "path_open":  # causal: a new path, its own length budget
                 lane.path_sampled = 0
+            if structural and role == "block_open":
+                response.forks, response.plans = response.forks + 1, 0
+            elif structural and role == "plan_close":
+                response.plans += 1
         if lane.state == "path" and lane.action is None and not lane.forced:
             if lane.path_sampled >= self.settings.max_path_tokens:
                 lane.forced.append(self.tags.path_close)
         return True
 
     def fork(self, parent: _Lane, response: _Response) -> list[_Lane]:
-        """The parent has just been fed <Parallel>: K branches, each forced to open a <Path>."""
-        K = self.settings.paths
-        response.forks += 1
+        """The parent has just been fed the fork tag: K branches, each forced to open its path
+        (and, NPR, to write its number). K = `paths`, or the plans just written (>= 1: banned)."""
+        K = response.plans if self.schema.planned else self.settings.paths
         response.block = _Block(start=parent.position, paths=[_Tokens() for _ in range(K)], pieces=[None] * K)
         branches = []
         for k in range(K):
-            branch = _Lane(response=parent.response, state="block",
+            branch = _Lane(response=parent.response, state=read_tag("block", "path_open", self.schema)[0],
                            position=path_start(parent.position, k, self.policy.path_stride),
-                           pending=self.tags.path_open, out=response.block.paths[k], path=k)
-            branch.state, _ = read_tag("block", "path_open")
+                           pending=self.tags.path_open, out=response.block.paths[k], path=k,
+                           forced=list(self.tags.labels[k]) if self.tags.labels else [])
             branch.out.add(self.tags.path_open, sampled=False)
             branches.append(branch)
         return branches
 
     def end_path(self, lane: _Lane, row: int, response: _Response):
-        """A branch has been fed </Path>: keep its cache piece; merge when it is the last one."""
+        """A branch has been fed its close tag: keep its cache piece; merge when it is the last.
+        -> None (siblings still decoding), or (merged cache row, or None = keep the row; lane)."""
         block = response.block
+        if len(block.paths) == 1:  # nothing to join: the branch's row is already prefix ‖ path
+            return None, self.merge(lane, response)
         path_length = len(block.paths[lane.path].ids)
         whole = self.cache.lens[row]
         # branch 0 keeps the prefix too; the others only their path
@@ -313,10 +323,10 @@ class _Decoder:
         block.pieces[lane.path] = self.cache.piece(row, start, whole)
         if any(p is None for p in block.pieces):
             return None
-        return self.merge(lane, response)
+        return join(block.pieces), self.merge(lane, response)
 
-    def merge(self, last: _Lane, response: _Response):
-        """Every path is done: one lane again, fed </Parallel> then <Summary>. -> (piece, lane)"""
+    def merge(self, last: _Lane, response: _Response) -> _Lane:
+        """Every path is done: one lane again, fed the schema's merge tags (</Parallel><Summary>)."""
         block = response.block
         paths = block.paths
         lengths = [len(p.ids) for p in paths]
@@ -324,23 +334,34 @@ class _Decoder:
         for path in paths:
             response.tokens.extend(path)
         response.block = None
-        lane = _Lane(response=last.response, state="after",
+        first, *rest = [getattr(self.tags, role) for role in self.schema.merge_roles]
+        lane = _Lane(response=last.response, state=read_tag("block", self.schema.merge_roles[0], self.schema)[0],
                      position=after_block(block.start, lengths, self.policy.path_stride),
-                     pending=self.tags.parallel_close, out=response.tokens, forced=[self.tags.summary_open])
-        response.tokens.add(self.tags.parallel_close, sampled=False)
-        return join(block.pieces), lane
+                     pending=first, out=response.tokens, forced=rest)
+        response.tokens.add(first, sampled=False)
+        return lane
 
     def banned(self, lanes: list[_Lane], logits: torch.Tensor) -> torch.Tensor | None:
-        """[N, V] bool: <Parallel> in the main chain of responses whose block budget is spent
-        ("after": between </Parallel> and <Summary>, where <Parallel> would open a block too)."""
+        """[N, V] bool: tags that would break a budget or the schema where a lane stands. The block
+        tag in the main chain once `max_blocks` blocks are open ("after": between </Parallel> and
+        <Summary>, where <Parallel> would open a block too); NPR: a plan beyond `paths`, and
+        </guideline> before the first plan (the engine forks one branch per plan)."""
         if self.tags is None:
             return None
-        rows = [i for i, lane in enumerate(lanes)
-                if lane.state in ("main", "after") and self.responses[lane.response].forks >= self.settings.max_blocks]
-        if not rows:
+        cells = []  # (row, token id)
+        for i, lane in enumerate(lanes):
+            response = self.responses[lane.response]
+            if lane.state in ("main", "after") and response.forks >= self.settings.max_blocks:
+                cells.append((i, self.tags.block_open))
+            elif lane.state == "plans" and response.plans >= self.settings.paths:
+                cells.append((i, self.tags.plan_open))
+            elif lane.state == "plans" and response.plans == 0:
+                cells.append((i, self.tags.plans_close))
+        if not cells:
             return None
         banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-        banned[rows, self.tags.parallel_open] = True
+        rows, ids = zip(*cells)
+        banned[list(rows), list(ids)] = True
         return banned
 
     def finish(self, response: _Response) -> Rollout:
@@ -354,7 +375,7 @@ class _Decoder:
             for path in response.block.paths:
                 response.tokens.extend(path)
         tokens = response.tokens
-        trace = parse_ids(tokens.ids, self.tags) if self.tags else parse_ids(tokens.ids, _NO_TAGS)
+        trace = parse_ids(tokens.ids, self.tags)
         path_lengths = response.path_lengths  # structured: as the branches were built; causal: as read
         if not self.structured:
             path_lengths = [[len(p) for p in b.paths] for b in trace.blocks]
@@ -366,5 +387,3 @@ class _Decoder:
         return Rollout(response.prompt, tokens.ids, tokens.sampled, tokens.logprobs, trace,
                        response.finish or "length", stats)
 
-
-_NO_TAGS = TagIds(-1, -2, -3, -4, -5, -6)  # for plain decoding: no id is a tag

@@ -1,78 +1,162 @@
-"""The tag vocabulary of parallel thinking, kept in one place.
+"""The tag schemas of parallel thinking, kept in one place: tags by role, and the rules they imply.
 
-Parallel-R1's schema is the default:
+    Parallel-R1   <Parallel> <Path>…</Path> <Path>…</Path> </Parallel> <Summary>…</Summary>
+    NPR           <guideline> <plan>1: …</plan> <plan>2: …</plan> </guideline>
+                  <step>1: …</step> <step>2: …</step> <takeaway>…</takeaway>
 
-    <Parallel> <Path> ... </Path> <Path> ... </Path> </Parallel> <Summary> ... </Summary>
-
-Another schema (say NPR's or Multiverse's tag names) is a different `TagSchema` instance; the
-format check, the parser, the layout and the sampler all take the schema as an argument.
-`TagIds` is the same vocabulary as token ids, for code that works on ids (layout, sampler);
-`add_tag_tokens` makes the tags single tokens of a tokenizer (and rows of a model's embedding).
-Importing this file does not import torch (the format check and the rewards do without it).
+Both are one shape: a block opens in the main chain, its branches ("paths", NPR's "steps") are
+written side by side, a summary merges them. What differs is data on `TagSchema`: where the
+engine forks (`fork_role`: after <Parallel>, or after </guideline>), how many branches
+(Parallel-R1: K per call; NPR: the number of plans the model wrote, `planned`), what a branch
+opens with (NPR: its number, `label`), what the merge inserts (`merge_roles`), and the reading
+itself (`transitions`). The reader, layout, sampler, judge, stats and trees take a schema and
+ask it; none of them names a schema. `TagIds` is the same vocabulary as token ids, for code
+that works on ids (layout, sampler); `add_tag_tokens` makes the tags single tokens of a
+tokenizer (and rows of a model's embedding). Importing this file does not import torch.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from . import NanoparError
 
 
+MAX_PATHS = 8  # the most branches a block may have (each one is a lane of the sampler's batch)
+
+# The roles a tag can play. Every schema has the first five; a schema has either `block_close`
+# (Parallel-R1's shape: the paths end at </Parallel>, then the summary) or the three plan roles
+# (NPR's shape: the block opens with plans, one branch per plan, the summary tag ends the paths).
+ROLES = ("block_open", "block_close", "path_open", "path_close", "summary_open", "summary_close",
+         "plan_open", "plan_close", "plans_close")
+
+
 @dataclass(frozen=True)
 class TagSchema:
-    parallel_open: str = "<Parallel>"  # opens a block of independent paths
-    parallel_close: str = "</Parallel>"  # closes the block; a summary must follow
-    path_open: str = "<Path>"  # opens one path of the block
-    path_close: str = "</Path>"  # closes that path
-    summary_open: str = "<Summary>"  # opens the summary that merges the paths
-    summary_close: str = "</Summary>"  # closes it; the main chain continues
+    """A tag schema: the tag of each role, and from them every rule the reader, the engine and the
+    judge follow (`transitions`, `fork_role`, `merge_roles`, `planned`)."""
+
+    name: str = "parallel-r1"  # what --schema calls it
+    block_open: str = "<Parallel>"  # opens a block in the main chain (NPR: <guideline>)
+    block_close: str | None = "</Parallel>"  # ends the paths, the summary follows (NPR: none, <takeaway> ends them)
+    path_open: str = "<Path>"  # opens one branch (NPR: <step>)
+    path_close: str = "</Path>"  # closes it (NPR: </step>)
+    summary_open: str = "<Summary>"  # opens the merge of the branches (NPR: <takeaway>)
+    summary_close: str = "</Summary>"  # closes it; the main chain continues (NPR: </takeaway>)
+    plan_open: str | None = None  # NPR: <plan>, one per branch the engine will fork
+    plan_close: str | None = None  # NPR: </plan>
+    plans_close: str | None = None  # NPR: </guideline>, ends the plans: the fork happens here
+    numbered: bool = False  # each branch opens with its number ("1:"), forced by the engine (NPR)
+
+    def __post_init__(self):
+        plans = (self.plan_open, self.plan_close, self.plans_close)
+        if (self.block_close is None) != all(plans) or (any(plans) and not all(plans)):
+            raise NanoparError(f"tag schema {self.name!r}: give either block_close or all three plan tags")
+
+    @property
+    def planned(self) -> bool:
+        """NPR's shape: the model writes one plan per branch, and so chooses how many branches."""
+        return self.plans_close is not None
+
+    def roles(self) -> dict[str, str]:
+        """Role -> tag, for the roles this schema has, in `ROLES` order."""
+        return {role: getattr(self, role) for role in ROLES if getattr(self, role) is not None}
 
     def all(self) -> tuple[str, ...]:
-        """The six tags, in field order."""
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """Every tag of the schema, in `ROLES` order."""
+        return tuple(self.roles().values())
+
+    @functools.cached_property
+    def transitions(self) -> dict[tuple[str, str], str]:
+        """The reading as a state machine: (state, role) -> next state; see trace.py."""
+        table = {("block", "path_open"): "path", ("path", "path_close"): "block", ("summary", "summary_close"): "main"}
+        if self.planned:
+            table |= {("main", "block_open"): "plans", ("plans", "plan_open"): "plan", ("plan", "plan_close"): "plans",
+                      ("plans", "plans_close"): "block", ("block", "summary_open"): "summary"}
+        else:
+            table |= {("main", "block_open"): "block", ("block", "block_close"): "after",
+                      ("after", "summary_open"): "summary"}
+        return table
+
+    @property
+    def fork_role(self) -> str:
+        """The tag after which the engine forks (structured mode): <Parallel>, or NPR's </guideline>."""
+        return "plans_close" if self.planned else "block_open"
+
+    @property
+    def merge_roles(self) -> tuple[str, ...]:
+        """What the engine inserts when the branches merge: </Parallel><Summary>, or NPR's <takeaway>."""
+        return ("summary_open",) if self.planned else ("block_close", "summary_open")
+
+    def label(self, k: int) -> str:
+        """The text branch k (0-based) opens with after its tag: "1:" for NPR's first step, else ""."""
+        return f"{k + 1}:" if self.numbered else ""
 
 
 PARALLEL_R1 = TagSchema()
+NPR = TagSchema(name="npr", block_open="<guideline>", block_close=None, path_open="<step>", path_close="</step>",
+                summary_open="<takeaway>", summary_close="</takeaway>", plan_open="<plan>", plan_close="</plan>",
+                plans_close="</guideline>", numbered=True)
+SCHEMAS = {schema.name: schema for schema in (PARALLEL_R1, NPR)}
+
+
+def schema_named(name: str) -> TagSchema:
+    """The schema a flag names ("parallel-r1", "npr")."""
+    if name not in SCHEMAS:
+        raise NanoparError(f"unknown tag schema {name!r}: use one of {', '.join(SCHEMAS)}")
+    return SCHEMAS[name]
 
 
 @dataclass(frozen=True)
 class TagIds:
-    """The six tags as token ids (each tag must be a single token)."""
+    """A schema's tags as token ids (each tag must be a single token); None for a role it lacks.
 
-    parallel_open: int
-    parallel_close: int
+    The first six are positional in Parallel-R1's order, so `TagIds(*range(6))` is its six tags.
+    """
+
+    block_open: int
+    block_close: int | None
     path_open: int
     path_close: int
     summary_open: int
     summary_close: int
+    plan_open: int | None = None
+    plan_close: int | None = None
+    plans_close: int | None = None
+    labels: tuple[tuple[int, ...], ...] = ()  # numbered schemas: the ids of branch k's label ("1:"), k < MAX_PATHS
+    schema: TagSchema = PARALLEL_R1
+
+    def roles(self) -> dict[str, int]:
+        """Role -> id, for the roles the schema has."""
+        return {role: getattr(self, role) for role in ROLES if getattr(self, role) is not None}
 
     def all(self) -> tuple[int, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        return tuple(self.roles().values())
 
     def names(self) -> dict[int, str]:
-        """Token id -> field name ("parallel_open", ...): how the parser reads an id sequence."""
-        return {getattr(self, f.name): f.name for f in fields(self)}
+        """Token id -> role ("block_open", ...): how the parser reads an id sequence."""
+        return {i: role for role, i in self.roles().items()}
 
     @classmethod
     def from_tokenizer(cls, tokenizer, schema: TagSchema = PARALLEL_R1) -> "TagIds":
         """Look the tags up in a tokenizer; raise if one of them is not a single token."""
         ids = {}
-        for f in fields(schema):
-            tag = getattr(schema, f.name)
+        for role, tag in schema.roles().items():
             encoded = tokenizer.encode(tag, add_special_tokens=False)
             if len(encoded) != 1:
                 raise NanoparError(
                     f"tag {tag} is {len(encoded)} tokens in this tokenizer, not one; "
                     "add the tags with nanopar.tags.add_tag_tokens first"
                 )
-            ids[f.name] = encoded[0]
-        return cls(**ids)
+            ids[role] = encoded[0]
+        labels = tuple(tuple(tokenizer.encode(schema.label(k), add_special_tokens=False)) for k in range(MAX_PATHS))
+        return cls(**({"block_close": None} | ids), labels=labels if schema.numbered else (), schema=schema)
 
 
 def find_tags(text: str, schema: TagSchema = PARALLEL_R1) -> list[tuple[int, int, str]]:
-    """Every tag in `text`, in order, as (start, end, field name).
+    """Every tag in `text`, in order, as (start, end, role).
 
     >>> find_tags("a<Path>b</Path>")
     [(1, 7, 'path_open'), (8, 15, 'path_close')]
@@ -83,7 +167,7 @@ def find_tags(text: str, schema: TagSchema = PARALLEL_R1) -> list[tuple[int, int
 
 @functools.cache
 def _tag_pattern(schema: TagSchema) -> tuple[re.Pattern, dict[str, str]]:
-    by_text = {getattr(schema, f.name): f.name for f in fields(schema)}
+    by_text = {tag: role for role, tag in schema.roles().items()}
     longest_first = sorted(by_text, key=len, reverse=True)  # so no tag matches inside a longer one
     return re.compile("|".join(map(re.escape, longest_first))), by_text
 

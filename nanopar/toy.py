@@ -330,7 +330,7 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
     target = problem.extra["target"]
     block = "".join(f"{t.path_open}{attempt_text(r, target)}{t.path_close}" for r in chosen)
     summary = f"{t.summary_open}{right.expression}{t.summary_close}"
-    return f"{t.parallel_open}{block}{t.parallel_close}{summary}\n{FINAL} {right.expression}"
+    return f"{t.block_open}{block}{t.block_close}{summary}\n{FINAL} {right.expression}"
 
 
 # --------------------------------------------------------------------------- tokenizer and model

@@ -1,7 +1,8 @@
 """Read a parallel-thinking trace into its structure, and the statistics the papers report.
 
 The reading is *lenient*: it never raises, and it is the rule the sampler and the layout follow,
-so a trace is attended to in training exactly as it was decoded. A small state machine:
+so a trace is attended to in training exactly as it was decoded. A small state machine, the
+schema's (`TagSchema.transitions`); Parallel-R1's, then what NPR's has instead:
 
     main     --<Parallel>-->  block       (the block's preamble is shared text)
     block    --<Path>------>  path        (a path runs to the next <Path> or </Parallel>,
@@ -10,12 +11,15 @@ so a trace is attended to in training exactly as it was decoded. A small state m
     after    --<Summary>--->  summary     (any other tag: the block had no summary; read in main)
     summary  --</Summary>-->  main
 
+    main --<guideline>--> plans --<plan>--> plan --</plan>--> plans --</guideline>--> block
+    (its plans are shared text);  block --<step>/</step>--> as paths;  block --<takeaway>--> summary
+
 Any other tag in a state is *stray*: read as plain text and recorded (e.g. `</Path>` in the main
 chain, `<Parallel>` inside a path, which means blocks never nest). Input that ends inside a block
 or a summary is *truncated*, and its open path simply ends there.
 
 Positions are offsets in the input's units: characters for `parse_trace(text)`, tokens for
-`parse_ids(ids)`. Not here: the judges (`format.check_format`, Parallel-R1's Algorithm 1, and
+`parse_ids(ids)`. Not here: the judges (`format.check_format`, each schema's rules, and
 `format.check_parallel`, what "a valid parallel trace" means everywhere).
 """
 
@@ -37,18 +41,30 @@ class Span:
 
 @dataclass
 class Block:
-    open: int  # offset of <Parallel>
+    open: int  # offset of <Parallel> (NPR: <guideline>)
     paths: list[Span] = field(default_factory=list)  # from its <Path> to the next <Path>/</Parallel>
     closed_paths: int = 0  # paths that ended with </Path>
-    close: int | None = None  # offset of </Parallel> (None: truncated inside the block)
-    end: int | None = None  # one past </Parallel>
+    close: int | None = None  # offset of the tag that ends the paths: </Parallel> (NPR: <takeaway>)
+    end: int | None = None  # one past </Parallel> (NPR: = close, the summary starts there)
     summary: Span | None = None  # <Summary> … </Summary> inclusive (end = input end if unclosed)
     summary_closed: bool = False  # the summary ended with </Summary>
+    plans: list[Span] | None = None  # NPR: each <plan> … </plan> inclusive; None: a schema without plans
+
+    @property
+    def well_formed(self) -> bool:
+        """Closed, a closed summary, and the branches its schema asks for: Parallel-R1 two or more
+        closed paths; NPR one or more plans and exactly as many closed steps."""
+        if self.close is None or not self.summary_closed:
+            return False
+        if self.plans is None:
+            return self.closed_paths >= 2
+        return 1 <= len(self.plans) == self.closed_paths == len(self.paths)
 
     @property
     def valid(self) -> bool:
-        """Closed, at least two closed paths, and a closed summary: a usable parallel block."""
-        return self.close is not None and self.closed_paths >= 2 and self.summary_closed
+        """Well formed with two or more branches: a usable *parallel* block (an NPR guideline of
+        one plan is well formed, but a step of the main chain)."""
+        return self.well_formed and self.closed_paths >= 2
 
 
 @dataclass
@@ -58,7 +74,8 @@ class Trace:
     main: list[Span] = field(default_factory=list)  # main-chain text, outside blocks and summaries
     stray: list[int] = field(default_factory=list)  # offsets of tags read as plain text
     truncated: bool = False  # the input ends inside a block or a summary
-    tags: list[str] = field(default_factory=list)  # every tag read, in order ("path_open", ...), stray or not
+    tags: list[str] = field(default_factory=list)  # every tag read, in order, by role ("path_open", ...), stray or not
+    schema: TagSchema = PARALLEL_R1  # the schema it was read with (the judges ask it)
 
     @property
     def error(self) -> str | None:
@@ -66,16 +83,16 @@ class Trace:
         if self.stray:
             return f"{len(self.stray)} stray tag(s), first at offset {self.stray[0]}"
         if self.truncated:
-            return "ends inside a parallel block or summary"
+            return "ends inside a block or a summary"
         return None
 
 
 @dataclass
 class TraceStats:
     length: int  # units in the response (tokens for ids)
-    blocks: int  # parallel blocks read, valid or not
-    valid_blocks: int  # blocks with >= 2 closed paths, </Parallel> and a closed summary
-    paths_per_block: list[int]  # paths in each block
+    blocks: int  # blocks read, valid or not (NPR: guidelines, of one plan too)
+    valid_blocks: int  # parallel blocks: well formed with >= 2 closed paths (Block.valid)
+    paths_per_block: list[int]  # paths in each block: the branch counts (NPR: steps, = plans when well formed)
     relative_positions: list[float]  # offset of each <Parallel> / length (Parallel-R1: ~0.4 -> ~0.8)
     critical_path: int  # units on the longest route: siblings of the longest path run in parallel
 
@@ -115,67 +132,64 @@ def parse_trace(text: str, schema: TagSchema = PARALLEL_R1) -> Trace:
     >>> [len(p) for p in t.blocks[0].paths], t.blocks[0].valid, t.error
     ([14, 15], True, None)
     """
-    return _read(find_tags(text, schema), len(text))
+    return _read(find_tags(text, schema), len(text), schema)
 
 
-def parse_ids(ids, tag_ids: TagIds) -> Trace:
-    """Read a sequence of token ids (a list or 1-D tensor); offsets are token indices."""
+def parse_ids(ids, tag_ids: TagIds | None) -> Trace:
+    """Read a sequence of token ids (a list or 1-D tensor); offsets are token indices.
+    `tag_ids` None: no id is a tag (plain decoding)."""
     ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if tag_ids is None:
+        return _read([], len(ids), PARALLEL_R1)
     names = tag_ids.names()
-    return _read([(i, i + 1, names[t]) for i, t in enumerate(ids) if t in names], len(ids))
+    return _read([(i, i + 1, names[t]) for i, t in enumerate(ids) if t in names], len(ids), tag_ids.schema)
 
 
-# The state machine: (state, tag) -> next state. A tag not listed for a state is stray.
-TRANSITIONS = {
-    ("main", "parallel_open"): "block",
-    ("block", "path_open"): "path",
-    ("path", "path_close"): "block",
-    ("block", "parallel_close"): "after",
-    ("after", "summary_open"): "summary",
-    ("summary", "summary_close"): "main",
-}
-
-
-def read_tag(state: str, name: str) -> tuple[str, bool]:
+def read_tag(state: str, role: str, schema: TagSchema = PARALLEL_R1) -> tuple[str, bool]:
     """One step of the reading: (next state, whether the tag is structural rather than stray)."""
-    if state == "after" and name != "summary_open":
+    if state == "after" and role != "summary_open":
         state = "main"  # the block had no summary; the tag is read in the main chain
-    following = TRANSITIONS.get((state, name))
+    following = schema.transitions.get((state, role))
     return (following, True) if following else (state, False)
 
 
-def _read(tags: list[tuple[int, int, str]], length: int) -> Trace:
-    """Follow `read_tag` over (start, end, tag name) events and record the spans."""
-    trace = Trace(length)
+def _read(tags: list[tuple[int, int, str]], length: int, schema: TagSchema) -> Trace:
+    """Follow `read_tag` over (start, end, role) events and record the spans."""
+    trace = Trace(length, schema=schema)
     state, main_from, block = "main", 0, None
 
     def end_path(at: int) -> None:  # the open path of `block` (if any) ends before `at`
         if block.paths and block.paths[-1].end < 0:
             block.paths[-1].end = at
 
-    for start, end, name in tags:
-        trace.tags.append(name)
-        if state == "after" and name != "summary_open":
+    for start, end, role in tags:
+        trace.tags.append(role)
+        if state == "after" and role != "summary_open":
             main_from = block.end
-        state, structural = read_tag(state, name)
+        before = state
+        state, structural = read_tag(state, role, schema)
         if not structural:
             trace.stray.append(start)
-        elif name == "parallel_open":
+        elif role == "block_open":
             _add_main(trace, main_from, start)
-            block = Block(open=start)
+            block = Block(open=start, plans=[] if schema.planned else None)
             trace.blocks.append(block)
-        elif name == "path_open":
+        elif role == "plan_open":
+            block.plans.append(Span(start, length))
+        elif role == "plan_close":
+            block.plans[-1].end = end
+        elif role == "path_open":
             end_path(start)
             block.paths.append(Span(start, -1))
-        elif name == "path_close":
+        elif role == "path_close":
             block.closed_paths += 1
-        elif name == "parallel_close":
+        elif role == "block_close" or (role == "summary_open" and before == "block"):  # the paths end here
             end_path(start)
-            block.close, block.end = start, end
-        elif name == "summary_open":
+            block.close, block.end = start, end if role == "block_close" else start
+        if structural and role == "summary_open":
             _add_main(trace, block.end, start)  # text between </Parallel> and <Summary>
             block.summary = Span(start, -1)
-        else:  # summary_close
+        elif structural and role == "summary_close":
             block.summary.end, block.summary_closed = end, True
             main_from = end
     if state in ("block", "path"):
@@ -183,6 +197,8 @@ def _read(tags: list[tuple[int, int, str]], length: int) -> Trace:
         trace.truncated = True
     elif state == "summary":
         block.summary.end = length
+        trace.truncated = True
+    elif state in ("plans", "plan"):
         trace.truncated = True
     else:
         _add_main(trace, block.end if state == "after" else main_from, length)

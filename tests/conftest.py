@@ -27,7 +27,7 @@ from nanopar.data import read_jsonl
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import policy_logprobs
 from nanopar.sampler import Rollout, RolloutStats
-from nanopar.tags import TagIds, add_tag_tokens
+from nanopar.tags import MAX_PATHS, NPR, TagIds, add_tag_tokens
 from nanopar.tiny import char_tokenizer, tiny_qwen_model
 from nanopar.trace import parse_ids, trace_stats
 
@@ -38,6 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository: where train.py,
 V = 256  # vocabulary of the tiny test models
 TAGS = TagIds(*range(V - 6, V))  # the last six ids are the tags
 P, P_, A, A_, S, S_ = TAGS.all()  # <Parallel> </Parallel> <Path> </Path> <Summary> </Summary>
+# NPR's schema in the same world: eight more ids before them, and each step's label "k:" as two
+# ordinary ids (k's digit, then ":"), as a real tokenizer splits it
+NPR_TAGS = TagIds(block_open=V - 14, block_close=None, path_open=V - 13, path_close=V - 12, summary_open=V - 11,
+                  summary_close=V - 10, plan_open=V - 9, plan_close=V - 8, plans_close=V - 7,
+                  labels=tuple((ord(str(k + 1)), ord(":")) for k in range(MAX_PATHS)), schema=NPR)
 EOS = 7  # an ordinary id the tests treat as end of sequence
 PAD = 0  # the padding id of the tests' batches (the char tokenizer's pad too)
 

@@ -233,7 +233,7 @@ def test_parallel_instructions_use_the_schema():
         assert tag in PARALLEL_INSTRUCTIONS
     assert PARALLEL_INSTRUCTIONS.rstrip().endswith("Final Answer: <your answer>")
     assert PLAIN_INSTRUCTIONS.rstrip().endswith("Final Answer: <your answer>") and "<Path>" not in PLAIN_INSTRUCTIONS
-    other = TagSchema("<fork>", "</fork>", "<branch>", "</branch>", "<join>", "</join>")
+    other = TagSchema("custom", "<fork>", "</fork>", "<branch>", "</branch>", "<join>", "</join>")
     text = parallel_instructions(other)
     assert all(tag in text for tag in other.all()) and not any(tag in text for tag in PARALLEL_R1.all())
     assert (PARALLEL_INSTRUCTIONS + PLAIN_INSTRUCTIONS).isascii()  # the char tokenizer can read them

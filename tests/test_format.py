@@ -54,7 +54,7 @@ def test_invalid_traces_name_the_broken_rule(text, reason):
 
 
 def test_another_schema_plugs_in():
-    schema = TagSchema("<P>", "</P>", "<T>", "</T>", "<S>", "</S>")
+    schema = TagSchema("custom", "<P>", "</P>", "<T>", "</T>", "<S>", "</S>")
     assert check_format("<P><T>a</T><T>b</T></P><S>c</S>", schema).ok
     assert not check_format("<P><T>a</T></P><S>c</S>", schema).ok
     assert check_format("<Parallel>", schema).ok  # Parallel-R1 tags are plain text here
@@ -162,7 +162,7 @@ def test_tag_soup_never_raises_and_text_and_ids_agree():
 
 def test_find_tags_prefers_whole_tags():
     assert [name for _, _, name in find_tags("<Path></Path><Parallel></Parallel>")] == [
-        "path_open", "path_close", "parallel_open", "parallel_close"
+        "path_open", "path_close", "block_open", "block_close"
     ]
 
 

@@ -101,7 +101,7 @@ def test_offline_qwen_tokenizer_gets_the_tags_as_ids_151669_to_151674():
     assert add_tag_tokens(tokenizer) == tag_ids and len(tokenizer) == 151_675  # idempotent
 
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
-    assert ids[:2] == [tag_ids.parallel_open, tag_ids.path_open]
+    assert ids[:2] == [tag_ids.block_open, tag_ids.path_open]
     assert ids.count(tag_ids.path_close) == 2
     assert tokenizer.decode(ids) == TEXT
     # A fact to keep in mind: the tags are special tokens, so skipping special tokens drops them.

@@ -218,7 +218,7 @@ def test_parallel_traces_pass_format_and_grade_correct(traces):
         assert summary == p.answer  # the summary keeps the answer of the path that checks out
         for path in paths:
             replay(path, p.extra["numbers"], p.extra["target"], LEVELS["easy"].bound)
-        assert trace.startswith(t.parallel_open) and trace.endswith(f"{t.summary_close}\n{FINAL} {p.answer}")
+        assert trace.startswith(t.block_open) and trace.endswith(f"{t.summary_close}\n{FINAL} {p.answer}")
         places.add(verdicts.index(True))
     assert places == set(range(PARALLEL_PATHS))  # the right path sits at every place
 
