@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from . import NanoparError
+from .tags import PARALLEL_R1
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Source:
     NanoparError naming the valid ones for a spec it does not know."""
 
     problems: Callable[[str], list[Problem]]  # "toy:easy" -> problems
-    traces: Callable[[str], list[dict]] | None = None  # "toy:parallel" -> SFT records (question, answer, response)
+    traces: Callable[[str, Any], list[dict]] | None = None  # ("toy:parallel", tag schema) -> SFT records (question, answer, response) in that schema's tags
     model: Callable[[str, Any, str], tuple] | None = None  # (name, dtype, attn_implementation) -> (model, tokenizer)
     model_names: tuple[str, ...] = ()  # the names `model` builds ("toy:model"), listed in errors
     instructions: dict[str, str] | None = None  # its own text for an instruction name ("parallel" -> ...)
@@ -179,8 +180,9 @@ def load_problems(
     raise NanoparError(f"benchmark or file not found: {spec} (known benchmarks: {', '.join(BENCHMARKS)})")
 
 
-def load_traces(spec: str | Path) -> list[dict]:
-    """SFT traces: a registered source's ("toy:parallel"), or every record of a .jsonl file.
+def load_traces(spec: str | Path, schema=None) -> list[dict]:
+    """SFT traces: a registered source's ("toy:parallel", written in `schema`'s tags, Parallel-R1's
+    when None), or every record of a .jsonl file (as written: `runner` checks their tags).
 
     A record needs string fields question and response (answer and id are optional); a record
     without them, or a missing file, is a one-line NanoparError.
@@ -189,7 +191,7 @@ def load_traces(spec: str | Path) -> list[dict]:
     if source is not None:
         if source.traces is None:
             raise NanoparError(f"{spec}: the source {spec.partition(':')[0]!r} has no traces")
-        return source.traces(spec)
+        return source.traces(spec, schema or PARALLEL_R1)
     path = Path(spec)
     if not path.is_file():
         raise NanoparError(f"traces not found: {path}")

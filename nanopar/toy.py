@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from . import NanoparError
 from .data import Problem, Source
 from .grading import FINAL_ANSWER_LINE, Grade
-from .tags import PARALLEL_R1, add_tag_tokens
+from .tags import PARALLEL_R1, TagSchema, add_tag_tokens
 from .tiny import tiny_qwen_config, word_tokenizer
 
 
@@ -411,7 +411,7 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
 }
 
 
-def teacher_traces(spec: str, n: int = 4000, seed: int = 3) -> list[dict]:
+def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, seed: int = 3) -> list[dict]:
     """`n` teacher traces as SFT records (question, answer, response) for a name of TEACHER_MIXES;
     an "instructed" record also names its prompt's instructions ("parallel")."""
     if spec not in TEACHER_MIXES:

@@ -39,7 +39,7 @@ def test_the_toy_is_reached_through_its_registry_entries(registries):
     assert grade(f"Final Answer: {problem.answer}", problem) == Grade(True, problem.answer)
     assert grading.CHECKERS["countdown"] is toy.grade_countdown
     assert load_traces("toy:parallel") == toy.teacher_traces("toy:parallel")
-    register_source("toy", Source(problems=lambda spec: [problem], traces=lambda spec: [{"spec": spec}]))
+    register_source("toy", Source(problems=lambda spec: [problem], traces=lambda spec, schema: [{"spec": spec}]))
     register_checker("countdown", lambda text, p: Grade(False, "replaced"))
     assert load_problems("toy:hard") == [problem] and load_traces("toy:parallel") == [{"spec": "toy:parallel"}]
     assert grade(f"Final Answer: {problem.answer}", problem) == Grade(False, "replaced")  # no road around them
@@ -54,7 +54,7 @@ def test_a_user_world_plugs_in_like_the_toy(registries):
 
     parity = Problem("maze:1", "is 7 odd?", "yes", "maze", {"checker": "parity"})
     register_source("maze", Source(problems=lambda spec: [parity] * 3,
-                                   traces=lambda spec: [{"question": spec, "response": "yes"}],
+                                   traces=lambda spec, schema: [{"question": spec, "response": "yes"}],
                                    model=model, model_names=("maze:model",)))
     register_checker("parity", lambda text, problem: Grade(text.endswith(problem.answer), text[-3:]))
     assert load_problems("maze:small", limit=2) == [parity, parity]
