@@ -43,6 +43,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from nanopar import NanoparError
+from nanopar.checkpoint import schema_for
 from nanopar.config import parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.evaluation import decode_rate, evaluate, rescore, reward_report, sequential_rate, summarize
@@ -69,6 +70,7 @@ class EvalConfig(SamplerSettings):
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
     device: str = "auto"  # cpu / cuda / auto
     # how to sample (every SamplerSettings knob is a flag; these defaults are train.py's toy ones)
+    schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the checkpoint's, else parallel-r1
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
     path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     temperature: float = 1.0  # sampling temperature (0 = greedy)
@@ -109,6 +111,7 @@ def run(config: EvalConfig, console: Console) -> dict:
     settings = SamplerSettings.taken_from(config)
     settings.check()  # everything that can be wrong fails before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
+    schema = schema_for(config.schema, config.model)
     instructions_named(config.instructions)  # a known name, checked before the model loads
     if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0:
         raise NanoparError("--samples and --batch-size must be >= 1, --speedup-batches >= 0")
@@ -121,18 +124,18 @@ def run(config: EvalConfig, console: Console) -> dict:
         raise NanoparError(f"no model at {TOY_RUN_MODEL}: run `python train.py` first (the toy curriculum), "
                            "or give --model (hub id, folder, checkpoint, or toy:model for a random toy model)")
     model, tokenizer = load_model(ModelSettings(config.model, dtype=config.dtype, device=config.device,
-                                                load_in_4bit=config.load_in_4bit))
-    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride)
+                                                load_in_4bit=config.load_in_4bit), schema)
+    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride, schema)
     out = Path(config.out)
     save_config(config, out)
-    summary = {"model": config.model, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}
+    summary = {"model": config.model, "schema": schema.name, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}
     records: list[dict] = []
     started = time.perf_counter()
     with progress(console) as bar:
         for name, problems in benchmarks.items():
             task = bar.add_task(name, total=len(problems))
             began = time.perf_counter()
-            instructions = instructions_named(config.instructions, name)  # as this benchmark's source words them
+            instructions = instructions_named(config.instructions, name, schema)  # as this benchmark's source words them
             found = evaluate(model, tokenizer, problems, policy, settings, config.samples, instructions, config.chat,
                              config.batch_size, progress=lambda done, task=task: bar.update(task, completed=done))
             metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, policy,

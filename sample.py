@@ -1,6 +1,7 @@
 """Sample parallel-thinking traces from a model and show them as trees.
 
     python sample.py --model Qwen/Qwen3-0.6B --prompt "What is 17 * 23?" --paths 2
+    python sample.py --model tiny:qwen3 --schema npr --prompt "2+2?"   # NPR's tags: plans, then steps
     python sample.py --model runs/toy/stage3 --prompts-file problems.jsonl --samples 4 --json out.json
 
 The model is a hub id, a local model folder, or a nanopar checkpoint (a folder with a LoRA
@@ -20,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from nanopar import NanoparError
+from nanopar.checkpoint import schema_for
 from nanopar.config import parse_config
 from nanopar.data import load_problems
 from nanopar.model import ModelSettings, load_model
@@ -38,6 +40,7 @@ class SampleConfig(SamplerSettings):
     instructions: str = "none"  # put before the question: "parallel" (tag instructions), "plain", "none"
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     system: str = ""  # system message for the chat template ("" = the template's default)
+    schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the checkpoint's, else parallel-r1
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
     path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     temperature: float = 0.7  # 0 = greedy
@@ -55,16 +58,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     settings = SamplerSettings.taken_from(config)
     settings.check()  # before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    instructions = instructions_named(config.instructions, config.prompts_file)  # a source may word them (toy:)
+    schema = schema_for(config.schema, config.model)
+    instructions = instructions_named(config.instructions, config.prompts_file, schema)  # a source may word them (toy:)
     prompts = ([config.prompt] if config.prompt else []) + (
         [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
     )
     if not prompts:
         raise NanoparError("no prompt: give --prompt or --prompts-file")
     model, tokenizer = load_model(
-        ModelSettings(config.model, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit)
+        ModelSettings(config.model, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit), schema
     )
-    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride)
+    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride, schema)
     ids = [build_prompt(p, tokenizer, instructions=instructions, system=config.system or None,
                         chat=config.chat) for p in prompts]
     rollouts = sample(model, ids, policy, settings, stop_ids(model, tokenizer), config.samples)

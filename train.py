@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> Path:
     chosen = select(stages, config.stages)
     runner = Runner(config, stages, console)
     config.eval_data = ",".join(runner.eval_sets())  # "auto" resolved: config.json says what was held out
+    config.schema = runner.schema.name  # "" resolved: checkpoints say which tags they were trained on
     runner.validate(chosen)
     save_config(config, runner.out, extra={"resolved_stages": [dataclasses.asdict(s) for s in stages]})
     started = time.perf_counter()

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .model import save_checkpoint_model
+from .tags import PARALLEL_R1, TagSchema, schema_named
 
 STATE = "trainer_state.pt"
 
@@ -49,6 +50,14 @@ def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, schedu
     else:
         os.replace(temporary, folder)
     return folder
+
+
+def schema_for(flag: str, model: str) -> TagSchema:
+    """The tag schema a script uses: its --schema, or the one a nanopar checkpoint was trained
+    with (the schema field of its run_config.json), or Parallel-R1's."""
+    config = Path(model) / "run_config.json"
+    trained = json.loads(config.read_text()).get("schema") if not flag and config.is_file() else None
+    return schema_named(flag or trained or PARALLEL_R1.name)
 
 
 def latest_checkpoint(stage_folder: str | Path) -> Path | None:

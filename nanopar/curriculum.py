@@ -20,8 +20,10 @@ from dataclasses import dataclass, replace
 from . import NanoparError
 from .data import source_for
 from .sampler import SamplerSettings
+from .tags import TagSchema, schema_named
 
 RECIPES = ("parallel-r1", "npr")
+RECIPE_SCHEMAS = {"parallel-r1": "parallel-r1", "npr": "npr"}  # the tags each recipe writes unless --schema says otherwise
 
 
 @dataclass
@@ -54,6 +56,7 @@ class TrainConfig(SamplerSettings):
     # the run
     out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
     recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
+    schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the recipe's own
     stages: str = "all"  # comma list of stage names to run, or "all"
     skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
     seed: int = 0  # seeds LoRA init, problem order and every sampling step
@@ -170,6 +173,13 @@ def recipe(config: TrainConfig) -> list[Stage]:
         stage.instructions = stage.instructions or c.instructions
         stage.mode = stage.mode or c.mode
     return skip(stages, c.skip)
+
+
+def schema_of(config: TrainConfig) -> TagSchema:
+    """The tag schema of a run: --schema, or the recipe's own (npr -> NPR's, parallel-r1 -> Parallel-R1's)."""
+    if config.recipe not in RECIPES:
+        raise NanoparError(f"unknown recipe {config.recipe!r}: use one of {', '.join(RECIPES)}")
+    return schema_named(config.schema or RECIPE_SCHEMAS[config.recipe])
 
 
 def source_of(stages: list[Stage], stage: Stage) -> Stage | None:

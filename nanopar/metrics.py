@@ -5,7 +5,8 @@ an evaluation record stores (valid blocks, paths per block, relative position of
 `<Parallel>`, length, critical-path length, finish). `structure_metrics` averages them over
 responses into the numbers the papers track: parallel ratio (valid parallel traces, judged as the
 `parallel` reward judges them, by `format.check_parallel`), mean relative position of `<Parallel>`
-(Parallel-R1's drift from ~0.4 to ~0.8), blocks per response, paths per block, acceleration
+(Parallel-R1's drift from ~0.4 to ~0.8), blocks per response, paths per block and the share of
+each branch count (NPR: how many plans the model chose), acceleration
 (tokens / critical-path tokens), length and truncation rate. A GRPO step (`rollout_metrics`,
 from rollouts) and an evaluation (`evaluation.summarize`, from saved records) both call it, so
 the two cannot count differently. `rollout_metrics` adds the reward (total and by component),
@@ -17,6 +18,7 @@ Not here: the loss-side numbers (grpo.py returns them), the tables (show.py).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from statistics import fmean
 
@@ -43,8 +45,10 @@ def response_structure(rollout) -> dict:
 def structure_metrics(responses: list[dict]) -> dict:
     """Means over responses (`response_structure` dicts, or evaluation records, which hold them).
 
-    `relative_position` and `paths_per_block` are means over blocks (None when there is none);
-    acceleration is total tokens / total critical-path tokens.
+    `relative_position` and `paths_per_block` are means over blocks (None when there is none),
+    `branch_counts` the share of blocks with each number of branches ({"2": 0.75, "3": 0.25}: the
+    model's choice under NPR, one plan per branch; 0 = cut before its branches); acceleration is
+    total tokens / total critical-path tokens.
 
     >>> plain = {"has_parallel": False, "blocks": 0, "paths_per_block": [], "relative_positions": [],
     ...          "new_tokens": 10, "critical_path": 10, "finish": "length"}
@@ -53,14 +57,18 @@ def structure_metrics(responses: list[dict]) -> dict:
     >>> m = structure_metrics([block, plain])
     >>> m["parallel_ratio"], m["paths_per_block"], m["acceleration"], m["response_length"], m["truncation_rate"]
     (0.5, 3.0, 1.6, 20.0, 0.5)
+    >>> m["branch_counts"]
+    {'3': 1.0}
     """
     positions = [p for r in responses for p in r["relative_positions"]]
     paths = [n for r in responses for n in r["paths_per_block"]]
+    counts = Counter(paths)
     return {
         "parallel_ratio": fmean(r["has_parallel"] for r in responses),
         "relative_position": fmean(positions) if positions else None,
         "blocks_per_response": fmean(r["blocks"] for r in responses),
         "paths_per_block": fmean(paths) if paths else None,
+        "branch_counts": {str(n): counts[n] / len(paths) for n in sorted(counts)} if paths else None,
         "acceleration": sum(r["new_tokens"] for r in responses) / max(sum(r["critical_path"] for r in responses), 1),
         "response_length": fmean(r["new_tokens"] for r in responses),
         "truncation_rate": fmean(r["finish"] == "length" for r in responses),

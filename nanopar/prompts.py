@@ -10,12 +10,14 @@ toy world's character tokenizer, a base model with `chat=False`) the prompt is p
 
     {question}
 
-Two instruction sets:
-  PARALLEL_INSTRUCTIONS  elicit parallel thinking in the tags of a `TagSchema` (Parallel-R1's by
-                         default; `parallel_instructions(schema)` words them for another schema).
-                         Our own wording of the idea of Parallel-R1's elicitation prompt.
-  PLAIN_INSTRUCTIONS     step by step, no tags: the accuracy-only baselines.
-Both end with a line `Final Answer: ...`, the answer convention of Parallel-R1.
+Three instruction sets:
+  PARALLEL_INSTRUCTIONS  elicit parallel thinking in Parallel-R1's tags (`parallel_instructions(schema)`
+                         words them for another schema of its shape). Our own wording of the idea
+                         of Parallel-R1's elicitation prompt; it ends with a line `Final Answer: ...`.
+  NPR_INSTRUCTIONS       NPR's format rules (guideline of plans, one step per plan, takeaway), our
+                         own wording of NPR's released prompt; the answer in \\boxed{} as NPR asks.
+  PLAIN_INSTRUCTIONS     step by step, no tags: the accuracy-only baselines (`Final Answer: ...`).
+`instructions_named("parallel", schema=...)` picks the parallel set that matches the run's schema.
 The tags in a prompt are single tokens once `tags.add_tag_tokens` has run; the layout reads a
 prompt as plain text either way.
 """
@@ -24,12 +26,14 @@ from __future__ import annotations
 
 from .data import Problem, source_for
 from . import NanoparError
-from .tags import PARALLEL_R1, TagSchema
+from .tags import NPR, PARALLEL_R1, TagSchema
 
 
 def parallel_instructions(schema: TagSchema = PARALLEL_R1) -> str:
     """The parallel-thinking instructions, worded with `schema`'s tags (plain ASCII)."""
     s = schema
+    if s.planned:
+        return npr_instructions(s)
     return (
         "Work through the problem below step by step.\n"
         "\n"
@@ -53,7 +57,29 @@ def parallel_instructions(schema: TagSchema = PARALLEL_R1) -> str:
     )
 
 
+def npr_instructions(schema: TagSchema = NPR) -> str:
+    """NPR's format rules in our own words, with `schema`'s tags (a schema with plans)."""
+    s = schema
+    return (
+        "Solve the problem below in rounds. Each round has three parts, written in this order:\n"
+        f"1. {s.block_open} with one or more plans inside, then {s.plans_close}. Each plan is "
+        f"{s.plan_open}i: one sentence naming a way to take the next step{s.plan_close}, numbered "
+        "from 1. Write as many plans as there are genuinely different ways forward; one plan is "
+        "fine when the next step is simple.\n"
+        f"2. One step per plan, in the same order: {s.path_open}i: carry out plan i{s.path_close}. "
+        "The steps are written at the same time and none can see the others, so step i follows "
+        "plan i only and never refers to another step.\n"
+        f"3. {s.summary_open} ... {s.summary_close}: compare what the steps found, say which result "
+        "holds and what to do next.\n"
+        "Write nothing between these tags outside them. Start another round while the problem is "
+        "not solved.\n"
+        "\n"
+        f"After the last {s.summary_close}, give the final answer in the form \\boxed{{<your answer>}}."
+    )
+
+
 PARALLEL_INSTRUCTIONS = parallel_instructions()
+NPR_INSTRUCTIONS = npr_instructions()
 
 PLAIN_INSTRUCTIONS = (
     "Work through the problem below step by step, showing your reasoning.\n"
@@ -66,16 +92,16 @@ PLAIN_INSTRUCTIONS = (
 INSTRUCTIONS = {"parallel": PARALLEL_INSTRUCTIONS, "plain": PLAIN_INSTRUCTIONS, "none": ""}  # by flag value
 
 
-def instructions_named(name: str, data: str = "") -> str:
+def instructions_named(name: str, data: str = "", schema: TagSchema = PARALLEL_R1) -> str:
     """The instructions a flag names ("parallel", "plain", "none"), as the model of `data` reads
     them: a registered source (`data.SOURCES`) may word them its own way (the toy world's model
-    knows a one-word marker, not English paragraphs)."""
+    knows a one-word marker, not English paragraphs). "parallel" is worded in `schema`'s tags."""
     if name not in INSTRUCTIONS:
         raise NanoparError(f"unknown instructions {name!r}: use one of {', '.join(INSTRUCTIONS)}")
     source = source_for(data) if data else None
     if source is not None and source.instructions is not None:
         return source.instructions[name]
-    return INSTRUCTIONS[name]
+    return parallel_instructions(schema) if name == "parallel" else INSTRUCTIONS[name]
 
 
 def build_prompt(

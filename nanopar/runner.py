@@ -29,7 +29,7 @@ from rich.console import Console
 
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
-from .curriculum import Stage, TrainConfig, source_of
+from .curriculum import Stage, TrainConfig, schema_of, source_of
 from .data import SLICE, Problem, load_problems, load_traces, test_set_of, write_jsonl
 from .evaluation import evaluate, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
@@ -57,6 +57,7 @@ class Runner:
         self.console = console or Console()
         self._problems: dict[str, list[Problem]] = {}  # loaded training sets, by spec
         self._auto_eval: list[str] | None = None  # what --eval-data auto stands for, once worked out
+        self.schema = schema_of(config)  # the tags every stage writes and reads
 
     # --- the loop -------------------------------------------------------------------------------
     def train(self, stage: Stage) -> None:
@@ -147,8 +148,8 @@ class Runner:
                 for k, problem in enumerate(batch):
                     for rollout in rollouts[k * stage.tries : (k + 1) * stage.tries]:
                         text = response_text(rollout, tokenizer, eos)
-                        # `parallel` is +1 only for a correct answer with a valid block in a text
-                        # that passes Algorithm 1: exactly the traces worth keeping
+                        # `parallel` is +1 only for a correct answer in a valid parallel trace
+                        # (format.check_parallel, in the run's schema): exactly the traces worth keeping
                         if score("parallel", text, rollout.trace, problem).total > 0:
                             kept.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
                                          "response": text})
@@ -182,7 +183,7 @@ class Runner:
                 problems = self.eval_problems(spec)
                 task = bar.add_task(f"evaluate {stage.name} on {spec}", total=len(problems))
                 records = evaluate(model, tokenizer, problems, policy, sampling, config.eval_samples,
-                                   instructions_named(stage.instructions, spec), config.chat, per_call,
+                                   instructions_named(stage.instructions, spec, self.schema), config.chat, per_call,
                                    progress=lambda done, task=task: bar.update(task, completed=done))
                 results[spec] = summarize(records)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +201,8 @@ class Runner:
         policy = {f.name: getattr(config, f.name) for f in dataclasses.fields(Policy) if hasattr(config, f.name)}
         return {"data": self.eval_sets(), "fields": [config.question_field, config.answer_field],
                 "problems": config.eval_problems, "samples": config.eval_samples, "batch": self.eval_batch(),
-                "instructions": [instructions_named(stage.instructions, spec) for spec in self.eval_sets()],
+                "instructions": [instructions_named(stage.instructions, spec, self.schema) for spec in self.eval_sets()],
+                "schema": self.schema.name,
                 "chat": config.chat, **dataclasses.asdict(SamplerSettings.taken_from(config)), **policy,
                 "mode": stage.mode}
 
@@ -235,8 +237,8 @@ class Runner:
         model, tokenizer = load_model(ModelSettings(
             name, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit,
             gradient_checkpointing=config.gradient_checkpointing, lora=config.lora, lora_rank=config.lora_rank,
-            lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout))
-        return model, tokenizer, Policy.of(tokenizer, mode, config.temperature, config.path_stride)
+            lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout), self.schema)
+        return model, tokenizer, Policy.of(tokenizer, mode, config.temperature, config.path_stride, self.schema)
 
     def problems(self, spec: str) -> list[Problem]:
         """A training set (--limit: its first N), less any tail of it an evaluation set holds out:
@@ -255,7 +257,7 @@ class Runner:
         by_name = {s.name: s for s in self.stages}
         spec = str(self.folder(by_name[stage.traces]) / "traces.jsonl") if stage.traces in by_name else stage.traces
         try:
-            return load_traces(spec)
+            return load_traces(spec, self.schema)
         except NanoparError as error:  # the same error, saying which stage asked
             raise NanoparError(f"{stage.name}: {error}") from None
 
@@ -288,7 +290,7 @@ class Runner:
     def prompt(self, problem: Problem, tokenizer, stage: Stage, instructions: str | None = None) -> list[int]:
         """The prompt ids of a problem, with the stage's instructions (or the named ones) as the
         stage's data source words them."""
-        text = instructions_named(instructions or stage.instructions, stage.data or stage.traces)
+        text = instructions_named(instructions or stage.instructions, stage.data or stage.traces, self.schema)
         return build_prompt(problem, tokenizer, text, chat=self.config.chat)
 
     def batch_of_step(self, items: list, count: int, stage: Stage, step: int) -> list:

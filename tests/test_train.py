@@ -141,7 +141,7 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
     half_right_sampler(monkeypatch)
     loaded, real = [], nanopar.runner.load_model
     monkeypatch.setattr(nanopar.runner, "load_model",
-                        lambda settings: loaded.append(settings.name_or_path) or real(ModelSettings("toy:model")))
+                        lambda settings, schema: loaded.append(settings.name_or_path) or real(ModelSettings("toy:model"), schema))
     train.main(["--out", str(tmp_path), "--sft-data", "", "--stages", "cold-start-data",
                 "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
     assert loaded == ["Qwen/Qwen2.5-7B-Instruct"]
