@@ -8,8 +8,9 @@ Reach a target from a few numbers with + - *, each number used exactly once:
 easy: 3 numbers (the GSM8K analogue), hard: 4 (the DAPO analogue); numbers 1..9, every
 intermediate result a positive integer <= 100. Trying several routes side by side genuinely
 helps: about 11% of an easy problem's legal routes reach its target, 4% of a hard one's. The
-teacher writes sequential traces (attempts one a line) and, for easy problems, parallel ones
-(one block of 3 paths, a summary); see "the teacher" below for both, with their lengths.
+teacher writes sequential traces (attempts one a line) and, for easy problems, parallel ones in
+the tags of either schema: Parallel-R1's (one block of 3 paths, a summary) or NPR's (a guideline
+of 2 or 3 plans, a step per plan, a takeaway); see "the teacher" below for all three, with lengths.
 
 The general modules reach this file only through two registry entries: `SOURCE`
 (data.SOURCES["toy"]: problems "toy:easy", traces "toy:parallel", the model "toy:model") and
@@ -31,7 +32,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from . import NanoparError
 from .data import Problem, Source
 from .grading import FINAL_ANSWER_LINE, Grade
-from .tags import PARALLEL_R1, TagSchema, add_tag_tokens
+from .tags import MAX_PATHS, NPR, PARALLEL_R1, TagSchema, add_tag_tokens
 from .tiny import tiny_qwen_config, word_tokenizer
 
 
@@ -45,7 +46,7 @@ class Level:
 
 
 LEVELS = {"easy": Level(count=3, attempts=4), "hard": Level(count=4, attempts=3)}
-PARALLEL_PATHS = 3  # K of the parallel teacher: paths per block (the sampler should fork as many)
+PARALLEL_PATHS = 3  # K of the parallel teacher: paths per block (the sampler should fork as many); NPR: the most plans
 HELDOUT_SEED = 1_000_000_007  # the held-out generator's seed (the split itself is by checksum)
 FINAL = "Final Answer:"
 
@@ -278,8 +279,25 @@ def grade_countdown(response_text: str, problem: Problem) -> Grade:
 #                 Final Answer: (7*3)+12                 <Summary>(7*3)+12</Summary>
 #                                                        Final Answer: (7*3)+12
 #
-# Lengths in `toy_tokenizer` tokens (600 traces each): easy sequential mean ~51 / max ~85, hard
-# sequential ~62 / ~94, easy parallel ~84 / ~92; tests/test_toy.py holds them <= 130.
+# NPR's round (`npr_trace`, easy only) is the same attempts in its tags: each plan names its route
+# by the first move ("1:7*3", a few tokens; the plans' first moves differ, so no two plans are one
+# strategy), step i is "i:" and the attempt of plan i's route, the takeaway the expression:
+#
+#     <guideline><plan>1:8+7</plan><plan>2:8*7</plan></guideline><step>1:8+7=15,15+8=23vs64no</step>
+#     <step>2:8*7=56,56+8=64vs64yes so (8*7)+8</step><takeaway>(8*7)+8</takeaway>
+#     Final Answer: (8*7)+8
+#
+# The label follows the tag with no space: the sampler forces the ids of "1:" after <step> and the
+# model continues from there. The teacher writes 2 or 3 plans, each half the time (K = 3 at most):
+# under NPR the model chooses how many branches to fork, so its cold start must show more than one
+# count (one fixed count would be Parallel-R1's K again), and RL can then shift the mix towards what
+# pays (3 plans try one more route, 2 are ~27 tokens shorter). The count is drawn, not
+# tied to the problem: nothing the model can read in an easy question says how hard it is.
+#
+# Lengths in `toy_tokenizer` tokens (600 traces each; NPR with its tags added): easy sequential
+# mean ~60 / max ~93, hard sequential ~73 / ~106, easy parallel ~84 / ~93, easy NPR ~97 / ~117
+# (2 plans ~83 / ~88, 3 plans ~110 / ~117; over all 20,000 "toy:easy" problems the same, max 117);
+# tests/test_toy.py holds them <= 130, and a step (label, attempt, </step>) <= 48.
 # Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
 # alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\n").
 
@@ -291,18 +309,25 @@ def attempt_text(route: Route, target: int) -> str:
     return f"{','.join(route.steps)}vs{target}{verdict}"
 
 
-def _pick_routes(problem: Problem, rng: random.Random, k: int) -> tuple[list[Route], Route]:
-    """K distinct routes at most: the problem's own route (the one that checks out) at a random
-    place, the others random legal routes that miss the target (fewer if they are hard to find)."""
+def first_move(route: Route) -> str:
+    """The first step of a route without its result: "7*3" for ("7*3=21", "21+12=33")."""
+    return route.steps[0].partition("=")[0]
+
+
+def _pick_routes(problem: Problem, rng: random.Random, k: int, distinct=lambda route: route.steps
+                 ) -> tuple[list[Route], Route]:
+    """K routes at most: the problem's own route (the one that checks out) at a random place, the
+    others random legal routes that miss the target (fewer if they are hard to find), no two of
+    them alike by `distinct` (the steps; NPR's teacher: the first move)."""
     numbers, target = problem.extra["numbers"], problem.extra["target"]
     right = Route(tuple(problem.extra["steps"]), target, problem.answer)
-    wrong: dict[tuple[str, ...], Route] = {}
+    wrong: dict = {}
     for _ in range(50 * k):  # a random walk is ~10 us, so this is cheap even for 4 numbers
         if len(wrong) == k - 1:
             break
         route = random_route(numbers, LEVELS[problem.extra["level"]].bound, rng)
-        if route.value != target:
-            wrong.setdefault(route.steps, route)
+        if route.value != target and distinct(route) != distinct(right):  # by steps: the first test implies the second
+            wrong.setdefault(distinct(route), route)
     chosen = list(wrong.values())
     chosen.insert(rng.randrange(len(chosen) + 1), right)
     return chosen, right
@@ -319,18 +344,47 @@ def sequential_trace(problem: Problem, rng: random.Random, attempts: int | None 
     return "\n".join(lines) + f"\n{FINAL} {right.expression}"
 
 
-def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS) -> str:
+def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
+                   schema: TagSchema = PARALLEL_R1) -> str:
     """One parallel block of K paths (one route each, the right one at a random place), a summary
     that keeps the path that checks out, then the answer. Easy problems only, as in the paper.
+    A schema of Parallel-R1's shape (a schema with plans: `npr_trace`).
     """
-    if problem.extra["level"] != "easy":
-        raise ValueError(f"the teacher writes parallel traces for easy problems only, not {problem.extra['level']!r}")
-    t = PARALLEL_R1
+    _check_parallel_problem(problem)
+    if schema.planned:
+        raise ValueError(f"the tag schema {schema.name!r} has plans: write its traces with npr_trace")
+    t = schema
     chosen, right = _pick_routes(problem, rng, paths)
     target = problem.extra["target"]
-    block = "".join(f"{t.path_open}{attempt_text(r, target)}{t.path_close}" for r in chosen)
+    block = "".join(f"{t.path_open}{t.label(k)}{attempt_text(r, target)}{t.path_close}" for k, r in enumerate(chosen))
     summary = f"{t.summary_open}{right.expression}{t.summary_close}"
     return f"{t.block_open}{block}{t.block_close}{summary}\n{FINAL} {right.expression}"
+
+
+def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS, schema: TagSchema = NPR) -> str:
+    """One NPR round, then the answer: a guideline of 2..K plans (K = `paths`, each count equally
+    likely), plan i "i:" and the first move of its route (the right route at a random place, the
+    others random routes that miss, their first moves all different); step i "i:" and the attempt of
+    plan i's route; a takeaway with the expression of the route that checks out. Easy problems only.
+    Fewer plans when the problem has too few other first moves that miss (never seen below 2).
+    """
+    _check_parallel_problem(problem)
+    if not schema.planned:
+        raise ValueError(f"the tag schema {schema.name!r} has no plans: write its traces with parallel_trace")
+    if not 2 <= paths <= MAX_PATHS:
+        raise ValueError(f"an NPR round of the teacher has 2..{MAX_PATHS} plans, not at most {paths}")
+    t = schema
+    chosen, right = _pick_routes(problem, rng, rng.randint(2, paths), distinct=first_move)
+    target = problem.extra["target"]
+    plans = "".join(f"{t.plan_open}{t.label(k)}{first_move(r)}{t.plan_close}" for k, r in enumerate(chosen))
+    steps = "".join(f"{t.path_open}{t.label(k)}{attempt_text(r, target)}{t.path_close}" for k, r in enumerate(chosen))
+    takeaway = f"{t.summary_open}{right.expression}{t.summary_close}"
+    return f"{t.block_open}{plans}{t.plans_close}{steps}{takeaway}\n{FINAL} {right.expression}"
+
+
+def _check_parallel_problem(problem: Problem) -> None:
+    if problem.extra["level"] != "easy":
+        raise ValueError(f"the teacher writes parallel traces for easy problems only, not {problem.extra['level']!r}")
 
 
 # --------------------------------------------------------------------------- tokenizer and model
@@ -402,26 +456,31 @@ INSTRUCTIONS = {"parallel": "in parallel", "plain": "", "none": ""}  # what the 
 TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
     "toy:sequential": [("easy", "sequential", 0.5), ("hard", "sequential", 0.5)],  # a base model (Parallel-R1's)
     # an instruct model (NPR's): it follows the parallel instructions some of the time, since a
-    # tenth of its traces are prompted "in parallel" and written as a parallel trace (easy problems
-    # only, as a strong model writes valid ones on GSM8K and none on DAPO)
+    # tenth of its traces are prompted "in parallel" and written as a parallel trace, in the tags of
+    # the schema asked for (easy problems only, as a strong model writes valid ones on GSM8K and
+    # none on DAPO)
     "toy:instruct": [("easy", "sequential", 0.45), ("hard", "sequential", 0.45), ("easy", "instructed", 0.1)],
-    # the cold start: easy parallel traces, with some hard sequential ones kept in the mix so the
-    # model does not apply 3-number patterns to 4-number problems (TOY-NOTES: hard accuracy fell to 0)
+    # the cold start (in NPR's tags: NPR's cold start): easy parallel traces, with some hard
+    # sequential ones kept in the mix so the model does not apply 3-number patterns to 4-number
+    # problems (TOY-NOTES: hard accuracy fell to 0)
     "toy:parallel": [("easy", "parallel", 0.75), ("hard", "sequential", 0.25)],
 }
 
 
 def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, seed: int = 3) -> list[dict]:
     """`n` teacher traces as SFT records (question, answer, response) for a name of TEACHER_MIXES;
-    an "instructed" record also names its prompt's instructions ("parallel")."""
+    an "instructed" record also names its prompt's instructions ("parallel"). The parallel and
+    instructed traces are written in `schema`'s tags (`npr_trace` for a schema with plans, else
+    `parallel_trace`); the sequential ones have no tags and do not depend on it."""
     if spec not in TEACHER_MIXES:
         raise NanoparError(f"unknown toy traces {spec!r}: use one of {', '.join(TEACHER_MIXES)}")
     rng, records = random.Random(seed), []
+    parallel = npr_trace if schema.planned else parallel_trace
     for level, kind, share in TEACHER_MIXES[spec]:
-        write = sequential_trace if kind == "sequential" else parallel_trace
         for problem in make_problems(level, round(n * share), seed=seed * 7 + len(records)):
+            response = sequential_trace(problem, rng) if kind == "sequential" else parallel(problem, rng, schema=schema)
             records.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
-                            "response": write(problem, rng)} | ({"instructions": "parallel"} if kind == "instructed" else {}))
+                            "response": response} | ({"instructions": "parallel"} if kind == "instructed" else {}))
     rng.shuffle(records)
     return records
 

@@ -4,6 +4,8 @@ Fast (a few seconds): 600 traces of each kind, every one format-checked, graded,
 by step and round-tripped through the tokenizer.
 """
 
+import hashlib
+import json
 import random
 import re
 import statistics
@@ -13,32 +15,45 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanopar.data import Problem
-from nanopar.format import check_format
+from nanopar.format import check_format, check_parallel
 from nanopar.model import ModelSettings, load_model
-from nanopar.tags import PARALLEL_R1, TagIds
+from nanopar.tags import NPR, PARALLEL_R1, TagIds, add_tag_tokens
 from nanopar.toy import (
     FINAL,
     LEVELS,
     PARALLEL_PATHS,
+    TEACHER_MIXES,
     check_countdown,
     evaluate,
     extract_toy_answer,
+    grade_countdown,
     heldout,
     is_heldout,
     make_problems,
+    npr_trace,
     parallel_trace,
     routes,
     sequential_trace,
+    teacher_traces,
     toy_model_config,
     toy_tokenizer,
 )
-from nanopar.trace import parse_trace, trace_stats
+from nanopar.trace import parse_ids, parse_trace, trace_stats
 
 N = 600  # traces of each kind
 STEP = re.compile(r"^(\d+)([-+*])(\d+)=(\d+)$")
-# Token bounds the teacher keeps (measured: easy sequential mean ~51 / max ~85, hard sequential
-# ~62 / ~94, easy parallel ~84 / ~92).
-BOUNDS = {"easy-sequential": (70, 130), "hard-sequential": (80, 130), "easy-parallel": (100, 130)}
+# Token bounds the teacher keeps (measured: easy sequential mean ~60 / max ~93, hard sequential
+# ~73 / ~106, easy parallel ~84 / ~93, easy NPR ~97 / ~117 with NPR's tags added).
+BOUNDS = {"easy-sequential": (70, 130), "hard-sequential": (80, 130), "easy-parallel": (100, 130),
+          "easy-npr": (105, 130)}
+MAX_PATH_TOKENS = 48  # the toy's default sampler setting: a step (label, attempt, </step>) must fit
+# sha256 of json.dumps(teacher_traces(name), sort_keys=True) in Parallel-R1's tags, computed before
+# the NPR teacher existed: the default run's data (and so its numbers) must not move.
+PARALLEL_R1_TRACES = {
+    "toy:sequential": "8df5188b90d15cd7bde9c30adaa51ff90c0ba53182a9f2a2225ced4de6a0bf74",
+    "toy:instruct": "fa91f09bb13a21bc6851f72c3b65f292571daf5620ad1aecb310c857d8f11319",
+    "toy:parallel": "a04c61ae491816cdd09fd8c6cc1ef93936f0cd03f65208adccb63df9fdc03f4d",
+}
 
 
 def known_problem():
@@ -65,6 +80,19 @@ def traces(problems):
         "hard-sequential": [(p, sequential_trace(p, rng)) for p in problems["hard"]],
         "easy-parallel": [(p, parallel_trace(p, rng)) for p in problems["easy"]],
     }
+
+
+@pytest.fixture(scope="module")
+def npr_traces(problems):
+    rng = random.Random(0)
+    return [(p, npr_trace(p, rng)) for p in problems["easy"]]
+
+
+@pytest.fixture(scope="module")
+def npr_tokenizer():
+    tokenizer = toy_tokenizer()
+    add_tag_tokens(tokenizer, None, NPR)
+    return tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +260,101 @@ def test_teacher_is_seeded(problems):
     p = problems["easy"][0]
     assert sequential_trace(p, random.Random(5)) == sequential_trace(p, random.Random(5))
     assert parallel_trace(p, random.Random(5)) == parallel_trace(p, random.Random(5))
+    assert npr_trace(p, random.Random(5)) == npr_trace(p, random.Random(5))
+
+
+def npr_round(trace: str) -> tuple[list[str], list[str], str]:
+    """(plans, steps, takeaway) of a one-round NPR trace, each the text between its tags."""
+    t = NPR
+    inside = lambda open_, close: re.findall(f"{re.escape(open_)}(.*?){re.escape(close)}", trace)  # noqa: E731
+    (takeaway,) = inside(t.summary_open, t.summary_close)
+    return inside(t.plan_open, t.plan_close), inside(t.path_open, t.path_close), takeaway
+
+
+def test_npr_traces_follow_npr_rules_and_grade_correct(npr_traces):
+    t = NPR
+    counts, places = [], set()
+    for p, trace in npr_traces:
+        assert check_format(trace, NPR).ok and check_parallel(trace, NPR).ok, trace
+        assert not any(tag in trace for tag in PARALLEL_R1.all()), trace
+        assert grade_countdown(trace, p).correct, trace
+        assert trace.startswith(t.block_open) and trace.endswith(f"{t.summary_close}\n{FINAL} {p.answer}")
+        plans, steps, takeaway = npr_round(trace)
+        assert 2 <= len(plans) == len(steps) <= PARALLEL_PATHS, trace
+        moves = []
+        for i, (plan, step) in enumerate(zip(plans, steps)):
+            label = NPR.label(i)
+            assert label == f"{i + 1}:" and plan.startswith(label) and step.startswith(label), trace
+            move, attempt = plan[len(label):], step[len(label):]
+            assert re.fullmatch(r"\d[-+*]\d", move), plan  # the first move of the route: a few tokens
+            assert attempt.startswith(f"{move}="), trace  # step i executes plan i's route
+            replay(attempt, p.extra["numbers"], p.extra["target"], LEVELS["easy"].bound)
+            moves.append(move)
+        assert len(set(moves)) == len(moves), trace  # no two plans are one strategy
+        verdicts = ["yes so " in step for step in steps]
+        assert verdicts.count(True) == 1 and steps[verdicts.index(True)].endswith(f"yes so {takeaway}"), trace
+        assert takeaway == p.answer  # the takeaway keeps the expression of the route that checks out
+        assert check_countdown(takeaway, p)
+        counts.append(len(plans))
+        places.add((len(plans), verdicts.index(True)))
+    assert set(counts) == {2, 3} and 0.4 < counts.count(2) / len(counts) < 0.6  # each count about half the time
+    assert places == {(k, i) for k in (2, 3) for i in range(k)}  # the right step sits at every place
+
+
+def test_npr_teacher_asks_for_easy_problems_and_a_schema_with_plans(problems):
+    easy, rng = problems["easy"][0], random.Random(0)
+    with pytest.raises(ValueError, match="easy problems only"):
+        npr_trace(problems["hard"][0], rng)
+    with pytest.raises(ValueError, match="has no plans"):
+        npr_trace(easy, rng, schema=PARALLEL_R1)
+    with pytest.raises(ValueError, match="has plans"):
+        parallel_trace(easy, rng, schema=NPR)
+    with pytest.raises(ValueError, match="2..8 plans"):
+        npr_trace(easy, rng, paths=1)
+    assert all(len(npr_round(npr_trace(p, rng, paths=2))[0]) == 2 for p in problems["easy"][:50])
+
+
+def test_npr_tokens_put_each_step_label_right_after_its_tag(npr_traces, npr_tokenizer):
+    """What the sampler forces at a branch's start (<step>, then the ids of "i:") is exactly how
+    the teacher's traces tokenize, and the id reading (the layout's, the sampler's) is valid."""
+    tag_ids = TagIds.from_tokenizer(npr_tokenizer, NPR)
+    assert len(npr_tokenizer) <= toy_model_config().vocab_size  # the toy model needs no new rows for NPR's tags
+    for p, trace in npr_traces:
+        ids = npr_tokenizer.encode(trace, add_special_tokens=False)
+        assert npr_tokenizer.decode(ids) == trace and npr_tokenizer.unk_token_id not in ids
+        starts = [i for i, token in enumerate(ids) if token == tag_ids.path_open]
+        for k, at in enumerate(starts):
+            label = list(tag_ids.labels[k])
+            assert ids[at + 1: at + 1 + len(label)] == label, trace
+            close = ids.index(tag_ids.path_close, at)
+            assert close - at <= MAX_PATH_TOKENS, trace  # label, attempt and </step> fit a path's budget
+        assert check_parallel(parse_ids(ids, tag_ids)).ok, trace
+
+
+def test_teacher_traces_in_npr_tags_have_the_mix_shares():
+    for name, parallel_share in (("toy:instruct", 0.1), ("toy:parallel", 0.75)):
+        records = teacher_traces(name, NPR)
+        assert len(records) == 4000
+        npr = [r for r in records if NPR.block_open in r["response"]]
+        assert len(npr) == round(4000 * parallel_share), name
+        assert all(check_format(r["response"], NPR).ok and check_parallel(r["response"], NPR).ok
+                   and r["id"].startswith("toy-easy") for r in npr), name
+        assert all("<" not in r["response"] and check_format(r["response"], NPR).ok  # sequential: no tags at all
+                   for r in records if NPR.block_open not in r["response"]), name
+        instructed = [r for r in records if r.get("instructions") == "parallel"]
+        # an instruct base: prompted "in parallel", it answers in NPR's tags (and only then)
+        assert instructed == (npr if name == "toy:instruct" else [])
+        assert not any(tag in r["response"] for r in records for tag in PARALLEL_R1.all()), name
+    assert teacher_traces("toy:sequential", NPR) == teacher_traces("toy:sequential")  # no parallel part: no change
+
+
+def test_parallel_r1_teacher_traces_are_pinned():
+    """The Parallel-R1 traces of every mix are byte for byte what they were before NPR's teacher."""
+    for name in TEACHER_MIXES:
+        records = teacher_traces(name)
+        digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
+        assert digest == PARALLEL_R1_TRACES[name], name
+        assert teacher_traces(name, PARALLEL_R1) == records
 
 
 # --------------------------------------------------------------------------- tokenizer and model
@@ -269,9 +392,10 @@ def test_tokenizer_ids_are_pinned(tokenizer):
     assert tokenizer.clean_up_tokenization_spaces is False
 
 
-def test_token_lengths_within_bounds(traces, tokenizer):
-    for kind, pairs in traces.items():
-        lengths = [len(tokenizer.encode(trace, add_special_tokens=False)) for _, trace in pairs]
+def test_token_lengths_within_bounds(traces, npr_traces, tokenizer, npr_tokenizer):
+    for kind, pairs in (traces | {"easy-npr": npr_traces}).items():
+        encode = (npr_tokenizer if kind == "easy-npr" else tokenizer).encode
+        lengths = [len(encode(trace, add_special_tokens=False)) for _, trace in pairs]
         mean, longest = statistics.mean(lengths), max(lengths)
         print(f"{kind}: mean {mean:.1f} tokens, max {longest}, min {min(lengths)}")
         assert mean <= BOUNDS[kind][0] and longest <= BOUNDS[kind][1], kind
@@ -312,3 +436,6 @@ def test_rewards_grade_toy_problems_with_the_exact_checker():
     assert grade("no answer", problem).error == "no answer found"
     trace = parallel_trace(problem, random.Random(0))
     assert score("parallel", trace, parse_trace(trace), problem).total == 1.0
+    trace = npr_trace(problem, random.Random(0))
+    for reward in ("parallel", "npr_format", "format"):
+        assert score(reward, trace, parse_trace(trace, NPR), problem).total == 1.0, reward
