@@ -1,6 +1,6 @@
 """Benchmark the parallel-branch sampler; prints one table, every comparison run side by side.
 
-    python bench/sampler.py            # about 3 minutes on a 2-core CPU
+    python bench/sampler.py            # about 3-4 minutes on a 2-core CPU
     python bench/sampler.py --quick    # smaller sizes, a smoke run
 
 1. throughput: nanopar's sampler vs `model.generate`, greedy, tags disabled, same prompts,
@@ -8,7 +8,13 @@
    real 151,936-token vocabulary. Target: ratio >= 1.0.
 2. parallel acceleration: one block of K paths of L tokens vs decoding the same number of
    tokens one after another in one lane (NPR's speedup). Target: >= 0.75 K for K <= 4.
-3. fork cost: duplicating a cache row K times vs re-prefilling the prefix for each branch
+3. NPR acceleration: one guideline of n = 2 / 4 / 8 plans, its n steps of L tokens decoded side
+   by side (one branch per plan, forked at </guideline>) vs the same number of tokens one after
+   another in one lane. The model is scripted by position: <guideline>(<plan>k</plan>)*n
+   </guideline>, then each step <step>k: (forced by the engine) + L tokens + </step> (inserted),
+   then <takeaway> (inserted) and a two-token takeaway, </takeaway>, EOS. No target: compare
+   with the Parallel-R1 rows of benchmark 2 (same L, K = n).
+4. fork cost: duplicating a cache row K times vs re-prefilling the prefix for each branch
    (Parallel-R1's rollout), prefixes of 256 and 1,024 tokens. Target: >= 5x.
 Each time is the best of `REPEATS` runs after a warm-up. Cache memory is the peak size of the
 keys and values (for `generate`, its final cache).
@@ -26,7 +32,7 @@ from rich.table import Table
 from nanopar.kvcache import LaneCache
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
-from nanopar.tags import TagIds
+from nanopar.tags import MAX_PATHS, NPR, TagIds
 from nanopar.tiny import tiny_qwen_model
 
 QUICK = "--quick" in sys.argv
@@ -131,6 +137,74 @@ def acceleration_rows(table):
         )
 
 
+def forced_guideline_model(vocab, tags: TagIds, eos: int, positions: int = 4096):
+    """A tiny model that writes what it is told at given rotary positions: `script[p]` (an id, or
+    -1 for none) is the token forced after the input at position p. Tags (and EOS) are banned
+    everywhere else, so a step never closes itself: `max_path_tokens` closes it.
+    -> (model, script [positions] long): fill the script in place before sampling"""
+    model = tiny_qwen_model(vocab_size=vocab, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
+    banned = torch.zeros(vocab)
+    banned[[*tags.all(), eos]] = -1e4
+    script = torch.full((positions,), -1)
+
+    def steer(module, args, kwargs, out):
+        bias = banned.expand_as(out.logits).clone()  # [N, 1, V]
+        forced = script[kwargs["position_ids"][:, -1]]  # [N]
+        rows = (forced >= 0).nonzero().squeeze(-1)
+        bias[rows, -1, forced[rows]] += 2e4
+        out.logits = out.logits + bias
+        return out
+
+    model.register_forward_hook(steer, with_kwargs=True)
+    return model, script
+
+
+def npr_rows(table):
+    """NPR: a guideline of n plans, then its n steps side by side vs the same tokens in one lane."""
+    vocab, eos = 2048, 7
+    tags = TagIds(block_open=vocab - 9, block_close=None, path_open=vocab - 8, path_close=vocab - 7,
+                  summary_open=vocab - 6, summary_close=vocab - 5, plan_open=vocab - 4, plan_close=vocab - 3,
+                  plans_close=vocab - 2, labels=tuple((ord(str(k + 1)), ord(":")) for k in range(MAX_PATHS)),
+                  schema=NPR)
+    model, script = forced_guideline_model(vocab, tags, eos)
+    L = 32 if QUICK else 128
+    prompt = prompts(1, vocab - 10)[0]
+    P = len(prompt)
+    for n in (2, 4, 8):
+        # <guideline> (<plan> k </plan>) * n </guideline>: response tokens 0 .. G-1, token i at position P + i
+        guideline = [tags.block_open]
+        for k in range(n):
+            guideline += [tags.plan_open, ord(str(k + 1)), tags.plan_close]
+        guideline.append(tags.plans_close)
+        G = len(guideline)
+        # then each step: <step> k : (forced by the engine) + L sampled + </step> (inserted), all
+        # at the same positions (stride 0); the merge feeds <takeaway> at position P + G + L + 4
+        takeaway_at = P + G + L + 4
+        takeaway = [11, 12, tags.summary_close, eos]
+        script.fill_(-1)
+        script[P - 1 : P - 1 + G] = torch.tensor(guideline)
+        script[takeaway_at : takeaway_at + len(takeaway)] = torch.tensor(takeaway)
+        parallel = SamplerSettings(paths=n, max_path_tokens=L, max_new_tokens=G + n * L + 16)
+        policy = Policy(tags, temperature=0)
+        # the sequential run decodes as many tokens as the parallel response holds
+        tokens = G + n * (L + 4) + 1 + len(takeaway)
+        sequential = SamplerSettings(max_new_tokens=tokens)
+        (par_time, (par,)), (seq_time, (seq,)) = race(
+            lambda: sample(model, [prompt], policy, parallel, eos_ids=[eos]),
+            lambda: sample(model, [prompt], Policy(None, temperature=0), sequential, eos_ids=[]),
+        )
+        block = par.trace.blocks
+        assert par.finish == "eos" and par.stats.forks == 1, par.stats
+        assert par.stats.path_lengths == [[L + 4] * n], par.stats
+        assert len(block) == 1 and len(block[0].plans) == n == len(block[0].paths) and block[0].well_formed, block
+        assert par.stats.new_tokens == tokens == seq.stats.new_tokens, (par.stats, seq.stats)
+        table.add_row(
+            "NPR acceleration", f"1 guideline, n={n} plans, steps of {L} tokens ({par.stats.new_tokens} tokens)",
+            f"{par_time * 1000:.0f} ms", f"{seq_time * 1000:.0f} ms sequential", f"{seq_time / par_time:.2f}",
+            "(none)", f"{par.stats.peak_cache_bytes / MB:.2f} / {seq.stats.peak_cache_bytes / MB:.2f}",
+        )
+
+
 def fork_rows(table):
     model = tiny_qwen_model(vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
     K = 4
@@ -169,6 +243,7 @@ def main():
     with torch.no_grad():
         throughput_rows(table)
         acceleration_rows(table)
+        npr_rows(table)
         fork_rows(table)
     Console(width=200).print(table)
 
