@@ -128,6 +128,12 @@ class TagIds:
     labels: tuple[tuple[int, ...], ...] = ()  # numbered schemas: the ids of branch k's label ("1:"), k < MAX_PATHS
     schema: TagSchema = PARALLEL_R1
 
+    def __post_init__(self):
+        missing = [role for role in self.schema.roles() if getattr(self, role) is None]
+        if missing or (self.schema.numbered and len(self.labels) < MAX_PATHS):
+            raise NanoparError(f"tag ids for schema {self.schema.name!r}: give an id for every role "
+                               f"(missing: {', '.join(missing) or 'none'}) and, numbered, {MAX_PATHS} labels")
+
     def roles(self) -> dict[str, int]:
         """Role -> id, for the roles the schema has."""
         return {role: getattr(self, role) for role in ROLES if getattr(self, role) is not None}

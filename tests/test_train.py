@@ -12,8 +12,10 @@ from conftest import one_line, read_metrics, reward_file, text_rollout
 from nanopar import NanoparError
 from nanopar.checkpoint import latest_checkpoint, save_checkpoint
 from nanopar.data import read_jsonl
+from nanopar.format import check_parallel
 from nanopar.model import ModelSettings, load_model
 from nanopar.show import STAGE_ROWS
+from nanopar.tags import NPR
 
 SMALL = ["--pretrain-steps", "3", "--sft-steps", "2", "--rl-easy-steps", "3", "--rl-hard-steps", "2",
          "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--max-path-tokens", "12",
@@ -96,22 +98,26 @@ def test_an_interrupted_save_leaves_no_checkpoint_folder(tmp_path, monkeypatch):
 
 
 def half_right_sampler(monkeypatch):
-    """A stand-in for the sampler of a distill stage over 6 toy problems: a teacher trace for
-    every other problem, a wrong answer for the rest."""
+    """A stand-in for the sampler of a distill stage over 6 toy problems: a teacher trace in the
+    policy's schema for every other problem, a wrong answer for the rest."""
     import random
 
-    from nanopar.toy import parallel_trace, toy_problems
+    from nanopar.toy import npr_trace, parallel_trace, toy_problems
 
     problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
-    tokenizer = load_model(ModelSettings("toy:model"))[1]
+    tokenizers = {}  # schema name -> the toy tokenizer with its tags
     seen = []  # (decoded prompt, attention mode) of every prompt sampled
 
     def fake_sample(model, prompts, policy, settings, eos, samples_per_prompt):
+        schema = policy.tag_ids.schema
+        if schema.name not in tokenizers:
+            tokenizers[schema.name] = load_model(ModelSettings("toy:model"), schema)[1]
+        tokenizer = tokenizers[schema.name]
         rollouts = []
         for i, prompt in enumerate(prompts):
             seen.append((tokenizer.decode(prompt), policy.mode))
             problem = problems[tokenizer.decode(prompt).strip().splitlines()[-1]]  # the question: the last line
-            good = parallel_trace(problem, random.Random(i))
+            good = (npr_trace if schema.planned else parallel_trace)(problem, random.Random(i), schema=schema)
             texts = [good.replace("Final Answer:", "Final Answer: 99+") if i % 2 else good] * samples_per_prompt
             for text in texts:
                 rollouts.append(text_rollout(prompt, tokenizer.encode(text) + [tokenizer.eos_token_id], policy.tag_ids))
@@ -407,7 +413,10 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
     half_right_sampler(monkeypatch)
     out = train.main(["--out", str(tmp_path), "--recipe", "npr", *SMALL, "--distill-tries", "2",
                       "--eval-problems", "2"])
-    assert len(read_jsonl(out / "3-rejection" / "traces.jsonl")) == 3
+    kept = read_jsonl(out / "3-rejection" / "traces.jsonl")
+    assert len(kept) == 3  # the NPR recipe writes NPR's tags: the kept traces are NPR rounds
+    assert all(check_parallel(r["response"], NPR).ok and "<Parallel>" not in r["response"] for r in kept)
+    assert json.loads((out / "config.json").read_text())["schema"] == "npr"
     log = read_metrics(out)
     assert [r["stage"] for r in log if r.get("event") == "eval"] == ["pretrain", "format-rl", "sft", "parallel-rl"]
     assert all(r["reward_spec"] == {"npr_format": 1.0} for r in log if r.get("stage") == "format-rl" and "step" in r)
