@@ -1,4 +1,4 @@
-"""Show a rollout as a rich tree: main chain -> parallel block -> paths -> summary.
+"""Show a rollout as a rich tree: main chain -> block -> (plans) -> branches side by side -> summary.
 
 Used by sample.py, and by training to print a sample trace now and then. Text is decoded span by
 span from the token ids, so what you see is exactly what the sampler and the layout read.
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich import box
+from rich.table import Table
 from rich.tree import Tree
 
 from .trace import trace_stats
@@ -27,9 +29,11 @@ def _text(tokenizer, ids: list[int], limit: int) -> str:
 
 
 def trace_tree(rollout, tokenizer, title: str = "response", limit: int = 400) -> Tree:
-    """A rich Tree of one rollout, with per-block statistics."""
+    """A rich Tree of one rollout, with per-block statistics: main chain, then each block with its
+    plans (NPR), its branches side by side, numbered, and its summary, each named after its tag."""
     ids, trace = rollout.ids, rollout.trace
-    stats = trace_stats(trace)
+    schema, stats = trace.schema, trace_stats(trace)
+    name = {role: tag.strip("</>") for role, tag in schema.roles().items()}  # "Path", "step", ...
     tree = Tree(
         f"[bold]{title}[/] · {len(ids)} tokens · {stats.blocks} block(s) · "
         f"critical path {stats.critical_path} · acceleration {stats.acceleration:.2f}x · finish {rollout.finish}"
@@ -40,15 +44,23 @@ def trace_tree(rollout, tokenizer, title: str = "response", limit: int = 400) ->
             tree.add(f"[dim]main[/] {_text(tokenizer, ids[item.start:item.end], limit)}")
             continue
         lengths = [len(p) for p in item.paths]
+        plans = "" if item.plans is None else f"{len(item.plans)} plan(s) · "
+        verdict = "valid" if item.valid else "well formed, sequential" if item.well_formed else "[red]not valid[/]"
         node = tree.add(
-            f"[bold cyan]parallel block[/] at {item.open / max(len(ids), 1):.2f} of the response · "
-            f"{len(item.paths)} paths · lengths {lengths} · {'valid' if item.valid else '[red]not valid[/]'}"
+            f"[bold cyan]{name['block_open']} block[/] at {item.open / max(len(ids), 1):.2f} of the response · "
+            f"{plans}{len(item.paths)} {name['path_open']}(s) · lengths {lengths} · {verdict}"
         )
-        for k, path in enumerate(item.paths):
-            node.add(f"[green]path {k + 1}[/] ({len(path)} tok) {_text(tokenizer, ids[path.start:path.end], limit)}")
+        for k, plan in enumerate(item.plans or []):
+            node.add(f"[yellow]{name['plan_open']} {k + 1}[/] {_text(tokenizer, ids[plan.start:plan.end], limit)}")
+        if item.paths:  # the branches side by side, one column each, as they were decoded
+            columns = Table(box=box.ROUNDED, show_lines=False, padding=(0, 1))
+            for k, path in enumerate(item.paths):
+                columns.add_column(f"[green]{name['path_open']} {k + 1}[/] ({len(path)} tok)", overflow="fold")
+            columns.add_row(*[_text(tokenizer, ids[path.start:path.end], limit) for path in item.paths])
+            node.add(columns)
         if item.summary is not None:
             s = item.summary
-            node.add(f"[magenta]summary[/] ({len(s)} tok) {_text(tokenizer, ids[s.start:s.end], limit)}")
+            node.add(f"[magenta]{name['summary_open']}[/] ({len(s)} tok) {_text(tokenizer, ids[s.start:s.end], limit)}")
     if trace.error:
         tree.add(f"[yellow]reading:[/] {trace.error}")
     return tree

@@ -50,6 +50,7 @@ def test_prompts_from_text_and_jsonl_files(tmp_path):
         (["--prompt", "x"], "--model is required"),
         (["--model", "tiny:qwen3", "--prompt", "x", "--paths", "1"], "paths per block must be between 2 and 8, got 1"),
         (["--model", "tiny:qwen3", "--prompt", "x", "--mode", "seen"], "unknown attention mode 'seen'"),
+        (["--model", "tiny:qwen3", "--prompt", "x", "--schema", "multiverse"], "unknown tag schema 'multiverse': use one of parallel-r1, npr"),
     ],
 )
 def test_bad_input_is_a_clear_error(args, message):
@@ -76,3 +77,28 @@ def test_broken_jsonl_line_names_file_and_line(tmp_path):
 def test_unknown_flag_is_refused():
     result = run("--model", "tiny:qwen3", "--promt", "x")
     assert result.returncode == 2 and "unrecognized arguments: --promt" in result.stderr
+
+
+def test_npr_schema_samples_in_npr_tags(tmp_path):
+    """--schema npr: NPR's eight tags are single tokens of the model, and a record's structure is
+    its text read with NPR's schema."""
+    from nanopar.tags import NPR
+
+    records = sample.main(["--model", "tiny:qwen3", "--schema", "npr", "--prompt", "2+2?", "--samples", "4",
+                           "--max-new-tokens", "40", "--temperature", "1.0", "--json", str(tmp_path / "o.json")])
+    tokenizer = char_tokenizer()
+    before = len(tokenizer)
+    for record in records:
+        blocks = parse_trace(record["text"], NPR).blocks
+        assert len(blocks) == len(record["structure"]["blocks"]) == record["stats"]["forks"]
+        assert all(i < before + len(NPR.all()) for i in record["ids"])  # the tags are the only new ids
+
+
+def test_a_checkpoint_names_its_schema(tmp_path):
+    """eval.py and sample.py read the schema a checkpoint was trained with; a flag still wins."""
+    from nanopar.checkpoint import schema_for
+    from nanopar.tags import NPR, PARALLEL_R1
+
+    (tmp_path / "run_config.json").write_text('{"schema": "npr"}')
+    assert schema_for("", str(tmp_path)) is NPR and schema_for("parallel-r1", str(tmp_path)) is PARALLEL_R1
+    assert schema_for("", "tiny:qwen3") is PARALLEL_R1
