@@ -35,6 +35,7 @@ def response_structure(rollout) -> dict:
         "blocks": stats.blocks,  # blocks read, valid or not
         "valid_blocks": stats.valid_blocks,
         "paths_per_block": stats.paths_per_block,
+        "branches_per_block": stats.branches_per_block,  # NPR: plans per guideline
         "relative_positions": stats.relative_positions,  # offset of each <Parallel> / length
         "new_tokens": stats.length,  # response tokens, sampled and inserted
         "critical_path": stats.critical_path,  # tokens on the longest route through the blocks
@@ -45,14 +46,14 @@ def response_structure(rollout) -> dict:
 def structure_metrics(responses: list[dict]) -> dict:
     """Means over responses (`response_structure` dicts, or evaluation records, which hold them).
 
-    `relative_position` and `paths_per_block` are means over blocks (None when there is none),
-    `branch_counts` the share of blocks with each number of branches ({"2": 0.75, "3": 0.25}: the
-    model's choice under NPR, one plan per branch; 0 = cut before its branches); acceleration is
-    total tokens / total critical-path tokens.
+    `relative_position`, `paths_per_block` and `branches_per_block` are means over blocks (None
+    when there is none), `branch_counts` the share of blocks with each branch count ({"2": 0.75,
+    "3": 0.25}; under NPR the plans of each guideline, the model's choice: in structured sampling
+    the engine forks that many steps); acceleration is total tokens / total critical-path tokens.
 
-    >>> plain = {"has_parallel": False, "blocks": 0, "paths_per_block": [], "relative_positions": [],
+    >>> plain = {"has_parallel": False, "blocks": 0, "paths_per_block": [], "branches_per_block": [], "relative_positions": [],
     ...          "new_tokens": 10, "critical_path": 10, "finish": "length"}
-    >>> block = plain | {"has_parallel": True, "blocks": 1, "paths_per_block": [3], "relative_positions": [0.5],
+    >>> block = plain | {"has_parallel": True, "blocks": 1, "paths_per_block": [3], "branches_per_block": [3], "relative_positions": [0.5],
     ...                  "new_tokens": 30, "critical_path": 15, "finish": "eos"}
     >>> m = structure_metrics([block, plain])
     >>> m["parallel_ratio"], m["paths_per_block"], m["acceleration"], m["response_length"], m["truncation_rate"]
@@ -62,13 +63,15 @@ def structure_metrics(responses: list[dict]) -> dict:
     """
     positions = [p for r in responses for p in r["relative_positions"]]
     paths = [n for r in responses for n in r["paths_per_block"]]
-    counts = Counter(paths)
+    branches = [n for r in responses for n in r["branches_per_block"]]
+    counts = Counter(branches)
     return {
         "parallel_ratio": fmean(r["has_parallel"] for r in responses),
         "relative_position": fmean(positions) if positions else None,
         "blocks_per_response": fmean(r["blocks"] for r in responses),
         "paths_per_block": fmean(paths) if paths else None,
-        "branch_counts": {str(n): counts[n] / len(paths) for n in sorted(counts)} if paths else None,
+        "branches_per_block": fmean(branches) if branches else None,
+        "branch_counts": {str(n): counts[n] / len(branches) for n in sorted(counts)} if branches else None,
         "acceleration": sum(r["new_tokens"] for r in responses) / max(sum(r["critical_path"] for r in responses), 1),
         "response_length": fmean(r["new_tokens"] for r in responses),
         "truncation_rate": fmean(r["finish"] == "length" for r in responses),

@@ -103,11 +103,16 @@ def progress(console=None) -> Progress:
 
 
 def metric_cell(value, kind: str) -> str:
-    """A metric as a table shows it: kind "rate" (a percentage), "number" or "count"; "-" if absent.
+    """A metric as a table shows it: kind "rate" (a percentage), "number", "count" or "shares" (a
+    dict of shares, "count:percent" pairs); "-" if absent.
 
     >>> metric_cell(0.125, "rate"), metric_cell(1.5, "number"), metric_cell(6619.4, "count"), metric_cell(None, "rate")
     ('12.5%', '1.50', '6,619', '-')
+    >>> metric_cell({"1": 0.25, "2": 0.75}, "shares")
+    '1:25 2:75'
     """
+    if kind == "shares" and isinstance(value, dict):
+        return " ".join(f"{n}:{share:.0%}".rstrip("%") for n, share in value.items())
     if not isinstance(value, (int, float)):
         return "-"
     return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "count": f"{value:,.0f}"}[kind]
@@ -119,7 +124,7 @@ class Row:
 
     key: str  # its key in evaluation.summarize's dict (or in eval.py's speed numbers)
     name: str  # row name in eval.py's results table and --compare ("@k" becomes the k used)
-    kind: str  # how metric_cell writes it: "rate", "number" or "count"
+    kind: str  # how metric_cell writes it: "rate", "number", "count" or "shares"
     stage: str = ""  # row name in train.py's table of stages ("" = not there)
     brief: str = ""  # column head in eval.py's line per finished benchmark ("" = not there)
 
@@ -130,9 +135,10 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),
     Row("pass_at_k", "pass@k", "rate", brief="pass@k"),
     Row("parallel_ratio", "parallel ratio", "rate", stage="parallel ratio", brief="parallel"),
-    Row("relative_position", "<Parallel> position", "number", stage="<Parallel> position"),
+    Row("relative_position", "block position", "number", stage="block position"),
     Row("blocks_per_response", "blocks / response", "number"),
-    Row("paths_per_block", "paths / block", "number", stage="paths/block"),
+    Row("branches_per_block", "branches / block", "number", stage="branches/block"),
+    Row("branch_counts", "  blocks by branch count", "shares", stage="branch counts"),
     Row("format_valid", "format valid", "rate", brief="format"),
     Row("parse_failures", "answer parse failures", "rate"),
     Row("acceleration", "acceleration (x)", "number", stage="acceleration", brief="accel."),

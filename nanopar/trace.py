@@ -92,7 +92,8 @@ class TraceStats:
     length: int  # units in the response (tokens for ids)
     blocks: int  # blocks read, valid or not (NPR: guidelines, of one plan too)
     valid_blocks: int  # parallel blocks: well formed with >= 2 closed paths (Block.valid)
-    paths_per_block: list[int]  # paths in each block: the branch counts (NPR: steps, = plans when well formed)
+    paths_per_block: list[int]  # paths read in each block (NPR: steps)
+    branches_per_block: list[int]  # the branch count each block chose: its paths; NPR: its plans (the model's choice)
     relative_positions: list[float]  # offset of each <Parallel> / length (Parallel-R1: ~0.4 -> ~0.8)
     critical_path: int  # units on the longest route: siblings of the longest path run in parallel
 
@@ -120,6 +121,7 @@ def trace_stats(trace: Trace) -> TraceStats:
         blocks=len(trace.blocks),
         valid_blocks=sum(b.valid for b in trace.blocks),
         paths_per_block=[len(b.paths) for b in trace.blocks],
+        branches_per_block=[len(b.paths) if b.plans is None else len(b.plans) for b in trace.blocks],
         relative_positions=[b.open / trace.length for b in trace.blocks],
         critical_path=trace.length - saved,
     )

@@ -16,7 +16,7 @@ from nanopar.evaluation import decode_rate, summarize
 from nanopar.format import check_format
 from test_evaluation import PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
 SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "pass_at_k", "parallel_ratio", "relative_position",
-                "blocks_per_response", "paths_per_block", "format_valid", "parse_failures", "acceleration",
+                "blocks_per_response", "paths_per_block", "branches_per_block", "format_valid", "parse_failures", "acceleration",
                 "response_length", "truncation_rate")
 
 
@@ -30,6 +30,7 @@ def check_files_agree(out: Path, benchmarks: list[str], samples: int) -> tuple[d
         saved = summary["benchmarks"][name]
         again = summarize(mine, k=saved["k"])
         assert {k: saved[k] for k in SUMMARY_KEYS} == pytest.approx({k: again[k] for k in SUMMARY_KEYS})
+        assert saved["branch_counts"] == pytest.approx(again["branch_counts"])
         assert saved["samples"] == len(mine) == saved["problems"] * samples
         assert saved["tokens_per_second"] == pytest.approx(decode_rate(mine)["tokens_per_second"])
     return summary, records

@@ -65,7 +65,9 @@ def test_pass_at_k_refuses_impossible_counts(n, c, k):
 
 
 def hand_record(problem: str, correct: bool, **fields) -> dict:
-    """A minimal record as summarize reads it; structure fields default to a plain response."""
+    """A minimal record as summarize reads it; structure fields default to a plain response
+    (branch counts: the paths read, as under Parallel-R1's schema)."""
+    fields.setdefault("branches_per_block", fields.get("paths_per_block", []))
     return {"source": "s", "id": problem, "correct": correct, "has_parallel": False, "relative_positions": [],
             "paths_per_block": [], "blocks": 0, "format_ok": True, "parse_error": None, "new_tokens": 10,
             "critical_path": 10, "finish": "eos"} | fields
@@ -92,11 +94,12 @@ def test_summarize_by_hand():
     assert s["parallel_ratio"] == 2 / 8
     assert s["relative_position"] == pytest.approx((0.25 + 0.5 + 0.75) / 3)  # over blocks, not responses
     assert s["blocks_per_response"] == 3 / 8 and s["paths_per_block"] == pytest.approx(7 / 3)
+    assert s["branches_per_block"] == pytest.approx(7 / 3) and s["branch_counts"] == {"2": 2 / 3, "3": 1 / 3}
     assert s["format_valid"] == 7 / 8 and s["parse_failures"] == 1 / 8 and s["truncation_rate"] == 1 / 8
     assert s["acceleration"] == pytest.approx(180 / 130) and s["response_length"] == pytest.approx(180 / 8)
     assert summarize(records)["k"] == 4 and summarize(records)["pass_at_k"] == pytest.approx(1.0)
     plain = summarize([hand_record("a", False)])
-    assert plain["relative_position"] is None and plain["paths_per_block"] is None
+    assert plain["relative_position"] is None and plain["paths_per_block"] is None and plain["branch_counts"] is None
 
 
 def test_summarize_refuses_a_k_some_problem_lacks():
@@ -294,7 +297,8 @@ def test_a_grpo_step_and_an_evaluation_report_the_same_structure(monkeypatch):
                for i, (r, p) in enumerate(zip(rollouts, owners))]
     summary = summarize(records)
     shared = ["accuracy", "parse_failures", "parallel_ratio", "relative_position", "blocks_per_response",
-              "paths_per_block", "acceleration", "response_length", "truncation_rate"]
+              "paths_per_block", "branches_per_block", "branch_counts", "acceleration", "response_length",
+              "truncation_rate"]
     assert {key: step[key] for key in shared} == {key: summary[key] for key in shared}
     assert step["parallel_ratio"] == 2 / 9 and step["truncation_rate"] == 2 / 9 and step["acceleration"] > 1
 

@@ -6,7 +6,7 @@ from conftest import PARALLEL_CASES, one_line, text_ids, text_rollout
 from nanopar import NanoparError
 from nanopar.data import read_jsonl
 from nanopar.grading import Grade
-from nanopar.metrics import MetricsLog, plot_metrics, rollout_metrics
+from nanopar.metrics import MetricsLog, plot_metrics, response_structure, rollout_metrics, structure_metrics
 from nanopar.rewards import RewardResult
 from nanopar.sampler import Rollout
 from nanopar.tags import TagIds
@@ -38,6 +38,7 @@ def test_rollout_metrics_by_hand():
     assert m["zero_variance_groups"] == 0.5  # (1, -1) teaches something, (-1, -1) nothing
     assert m["parallel_ratio"] == 0.25 and m["blocks_per_response"] == 0.5
     assert m["relative_position"] == (2 / 16 + 0 / 8) / 2 and m["paths_per_block"] == 1.5  # over blocks
+    assert m["branch_counts"] == {"1": 0.5, "2": 0.5}  # Parallel-R1: a block's branches are its paths
     assert m["response_length"] == (16 + 4 + 8 + 10) / 4 and m["truncation_rate"] == 0.5
     # the shorter path (3 tokens: <Path> 7 </Path>) runs beside the longer one: 13 tokens on the critical path
     assert m["acceleration"] == (16 + 4 + 8 + 10) / (13 + 4 + 8 + 10)
@@ -83,3 +84,20 @@ def test_a_torn_last_line_is_a_one_line_error_naming_it(tmp_path):
             read()
         assert one_line(error).startswith(f"{log.path}:2: not valid JSON")
     assert log.path.read_text() == before and not (tmp_path / "m.png").exists()
+
+
+def test_npr_branch_counts_are_the_plans_the_model_chose():
+    """Under NPR a block's branch count is the number of plans of its guideline (the model's
+    choice), also when its steps do not match them (a malformed round written causally)."""
+    from conftest import NPR_TAGS as N
+
+    def round_ids(plans, steps):
+        return ([N.block_open] + [N.plan_open, 1, N.plan_close] * plans + [N.plans_close]
+                + [N.path_open, 2, N.path_close] * steps + [N.summary_open, 3, N.summary_close])
+
+    rollouts = [text_rollout([1], round_ids(2, 2) + round_ids(3, 3) + [9], N),
+                text_rollout([1], round_ids(1, 1) + [9], N),
+                text_rollout([1], round_ids(3, 2) + [9], N)]  # three plans, two steps: malformed
+    m = structure_metrics([response_structure(r) for r in rollouts])
+    assert m["branch_counts"] == {"1": 0.25, "2": 0.25, "3": 0.5} and m["branches_per_block"] == 9 / 4
+    assert m["paths_per_block"] == 8 / 4 and m["parallel_ratio"] == 1 / 3  # one plan: sequential; 3 != 2: invalid
