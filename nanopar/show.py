@@ -108,11 +108,11 @@ def metric_cell(value, kind: str) -> str:
 
     >>> metric_cell(0.125, "rate"), metric_cell(1.5, "number"), metric_cell(6619.4, "count"), metric_cell(None, "rate")
     ('12.5%', '1.50', '6,619', '-')
-    >>> metric_cell({"1": 0.25, "2": 0.75}, "shares")
-    '1:25 2:75'
+    >>> metric_cell({"0": 0.001, "1": 0.25, "2": 0.749}, "shares")
+    '0:<1 1:25 2:75'
     """
     if kind == "shares" and isinstance(value, dict):
-        return " ".join(f"{n}:{share:.0%}".rstrip("%") for n, share in value.items())
+        return " ".join(f"{n}:{share * 100:.0f}" if share >= 0.005 else f"{n}:<1" for n, share in value.items())
     if not isinstance(value, (int, float)):
         return "-"
     return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "count": f"{value:,.0f}"}[kind]

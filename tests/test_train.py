@@ -421,3 +421,27 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
     assert [r["stage"] for r in log if r.get("event") == "eval"] == ["pretrain", "format-rl", "sft", "parallel-rl"]
     assert all(r["reward_spec"] == {"npr_format": 1.0} for r in log if r.get("stage") == "format-rl" and "step" in r)
     assert (out / "5-parallel-rl" / "final").is_dir()
+
+
+def test_each_schema_runs_with_each_recipe(tmp_path, monkeypatch):
+    """--schema crosses the recipes: Parallel-R1's curriculum cold-starts on NPR rounds (the toy
+    teacher writes them), and NPR's curriculum runs in Parallel-R1's tags."""
+    from nanopar.toy import npr_trace
+
+    sft_batches = []
+    real_step = nanopar.runner.sft_step
+    monkeypatch.setattr(nanopar.runner, "sft_step", lambda model, optimizer, prompts, responses, *rest, **kw:
+                        sft_batches.append(responses) or real_step(model, optimizer, prompts, responses, *rest, **kw))
+    out = train.main(["--out", str(tmp_path / "p"), "--schema", "npr", "--stages", "sft", "--pretrain-data", "",
+                      *SMALL])
+    config = json.loads((out / "config.json").read_text())
+    assert config["schema"] == "npr" and config["recipe"] == "parallel-r1"
+    tokenizer = load_model(ModelSettings("toy:model"), NPR)[1]
+    cold = [tokenizer.decode(ids) for batch in sft_batches for ids in batch]
+    assert any(check_parallel(text.split("<|endoftext|>")[0], NPR).ok for text in cold)  # NPR rounds, not <Parallel>
+    assert not any("<Parallel>" in text for text in cold)
+    half_right_sampler(monkeypatch)
+    out = train.main(["--out", str(tmp_path / "n"), "--recipe", "npr", "--schema", "parallel-r1", *SMALL,
+                      "--stages", "pretrain,format-rl,rejection", "--distill-tries", "2"])
+    kept = read_jsonl(out / "3-rejection" / "traces.jsonl")
+    assert kept and all(check_parallel(r["response"]).ok and "<guideline>" not in r["response"] for r in kept)
