@@ -123,12 +123,20 @@ class Runner:
             (self.folder(stage) / "eval.json").unlink(missing_ok=True)  # a new model: its old evaluation is stale
             started = time.perf_counter()
             if stage.kind == "distill":
-                self.distill(stage)
+                try:
+                    self.distill(stage)
+                except KeyboardInterrupt:  # traces.jsonl is written only when the stage ends: nothing half-made
+                    raise SystemExit(f"interrupted: {stage.name} kept nothing yet; the same command starts it "
+                                     "again") from None
             else:
                 self.train(stage)
             self.log.write({"stage": stage.name, "event": "done", "seconds": time.perf_counter() - started})
         if stage.kind != "distill":
-            self.evaluate(stage)
+            try:
+                self.evaluate(stage)
+            except KeyboardInterrupt:  # the stage's model is saved; its evaluation is redone on the next run
+                raise SystemExit(f"interrupted during the evaluation of {stage.name}: its model is saved in "
+                                 f"{self.folder(stage) / 'final'}; the same command evaluates it again") from None
 
     def distill(self, stage: Stage) -> None:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
@@ -160,8 +168,11 @@ class Runner:
                         "kept_fraction": fraction})
         self.console.print(f"{stage.name}: kept {len(kept)} of {len(problems)} problems ({fraction:.1%})")
         if not kept:
+            fix = ("give ready traces with --sft-data" if self.config.recipe == "parallel-r1" else
+                   "NPR distils its own traces: raise --distill-tries or --rl-easy-steps (format RL), or run "
+                   "--recipe parallel-r1, whose cold start reads --sft-data")
             raise NanoparError(f"{stage.name}: no correct, valid parallel trace in {len(problems)} problems; "
-                               "the model cannot write them yet: give ready traces with --sft-data")
+                               f"the model cannot write them yet: {fix}")
         write_jsonl(self.folder(stage) / "traces.jsonl", kept)
 
     def evaluate(self, stage: Stage) -> dict | None:
@@ -332,17 +343,21 @@ class Runner:
         config = self.config
         return load_problems(spec, config.question_field or None, config.answer_field or None, config.eval_problems)
 
-    def validate(self, stages: list[Stage]) -> None:
-        """Fail on a bad reward, data set or traces file before any stage runs (not an hour in)."""
-        for stage in stages:
+    def validate(self, chosen: list[Stage]) -> None:
+        """Fail on a bad setting, reward, data set or traces file before any model loads (not an
+        hour in): the sampler's settings and every stage's prompt, mode and reward for the whole
+        recipe (a misspelt reward of a later stage too), the data of the stages that will run."""
+        SamplerSettings.taken_from(self.config).check()
+        for stage in self.stages:
             instructions_named(stage.instructions)
             Policy(None, stage.mode)  # a known attention mode
             if stage.kind == "grpo":
                 schedule_from_string(stage.reward)
+        for stage in chosen:
             if stage.kind in ("grpo", "distill"):
                 self.problems(stage.data)
-            if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
-                self.traces(stage)
+            if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages} and not self.traces(stage):
+                raise NanoparError(f"{stage.name}: no traces in {stage.traces}")
         for spec in self.eval_sets() if self.config.eval_problems else []:
             self.eval_problems(spec)
 

@@ -170,6 +170,8 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
         (["--eval-data", "toy:medium:heldout"], "unknown toy data 'toy:medium:heldout'"),
         (["--skip", "rl-esay"], "unknown stage(s) rl-esay: this recipe has pretrain, sft, rl-easy, rl-hard"),
         (["--sft-data", "", "--skip", "cold-start-data"], "--skip cold-start-data: stage sft reads its traces"),
+        (["--stages", "sft", "--hard-reward", "acuracy"], "unknown reward 'acuracy'"),  # a stage not run
+        (["--paths", "0"], "paths per block must be between 2 and 8, got 0"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message, tmp_path):
@@ -177,6 +179,38 @@ def test_bad_flags_are_one_line_errors(args, message, tmp_path):
         train.main(["--out", str(tmp_path), *SMALL, "--stages", "rl-easy", *args]
                    if "--stages" not in args else ["--out", str(tmp_path), *SMALL, *args])
     assert one_line(error).startswith(message)
+
+
+def test_bad_input_fails_before_any_model_loads(tmp_path, monkeypatch):
+    """A misspelt reward of a later stage, a bad sampler setting, an empty traces file: each is a
+    one-line error before a model loads, and no stage folder is left behind."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(nanopar.runner, "load_model", no_model)
+    (tmp_path / "empty.jsonl").write_text("")
+    for args, message in ((["--stages", "sft", "--hard-reward", "acuracy"], "unknown reward 'acuracy'"),
+                          (["--stages", "sft", "--paths", "0"], "paths per block must be between 2 and 8"),
+                          (["--stages", "sft", "--sft-data", str(tmp_path / "empty.jsonl")],
+                           f"sft: no traces in {tmp_path / 'empty.jsonl'}")):
+        with pytest.raises(NanoparError) as error:
+            train.main(["--out", str(tmp_path / "run"), *SMALL, "--pretrain-data", "", *args])
+        assert one_line(error).startswith(message)
+        assert not [p for p in (tmp_path / "run").glob("*") if p.is_dir()]
+
+
+def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, monkeypatch):
+    """Ctrl-C while a stage's model is evaluated: one line saying the model is saved, no traceback;
+    the next run evaluates it again."""
+    def interrupted(self, stage):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nanopar.runner.Runner, "evaluate", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--stages", "sft"])
+    assert str(stop.value) == (f"interrupted during the evaluation of sft: its model is saved in "
+                               f"{tmp_path / '1-sft' / 'final'}; the same command evaluates it again")
+    assert (tmp_path / "1-sft" / "final").is_dir()
 
 
 def test_a_broken_traces_file_names_its_line(tmp_path):
