@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
     schema = schema_for(config.schema, config.model)
     instructions = instructions_named(config.instructions, config.prompts_file, schema)  # a source may word them (toy:)
-    prompts = ([config.prompt] if config.prompt else []) + (
-        [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
-    )
+    from_file = [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
+    if config.prompts_file and not from_file:
+        raise NanoparError(f"no prompts in {config.prompts_file}")
+    prompts = ([config.prompt] if config.prompt else []) + from_file
     if not prompts:
         raise NanoparError("no prompt: give --prompt or --prompts-file")
     model, tokenizer = load_model(

@@ -104,6 +104,7 @@ class TrainConfig(SamplerSettings):
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
     eval_problems: int = 100  # first N problems of each (0 = no evaluation)
     eval_samples: int = 2  # responses per problem, at --temperature
+    eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
     # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)
     prompts_per_step: int = 8  # B: problems per GRPO step
     group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)

@@ -218,8 +218,11 @@ class Runner:
                 "mode": stage.mode}
 
     def eval_batch(self) -> int:
-        """Problems per sampler call of an evaluation: a GRPO step's responses."""
-        return max(1, self.config.prompts_per_step * self.config.group_size // self.config.eval_samples)
+        """Problems per sampler call of an evaluation (--eval-batch; sized on its own, not by the
+        GRPO step: a small RL step would evaluate two problems at a time)."""
+        if self.config.eval_batch < 1:
+            raise NanoparError(f"--eval-batch must be >= 1, not {self.config.eval_batch}")
+        return self.config.eval_batch
 
     # --- where things are -------------------------------------------------------------------
     def folder(self, stage: Stage) -> Path:
@@ -348,6 +351,7 @@ class Runner:
         hour in): the sampler's settings and every stage's prompt, mode and reward for the whole
         recipe (a misspelt reward of a later stage too), the data of the stages that will run."""
         SamplerSettings.taken_from(self.config).check()
+        self.eval_batch()
         for stage in self.stages:
             instructions_named(stage.instructions)
             Policy(None, stage.mode)  # a known attention mode

@@ -74,6 +74,13 @@ def test_broken_jsonl_line_names_file_and_line(tmp_path):
         sample.main(["--model", "tiny:qwen3", "--prompts-file", str(path)])
 
 
+def test_an_empty_prompts_file_is_named(tmp_path):
+    (tmp_path / "p.txt").write_text("\n")
+    with pytest.raises(NanoparError) as error:
+        sample.main(["--model", "tiny:qwen3", "--prompts-file", str(tmp_path / "p.txt")])
+    assert one_line(error) == f"no prompts in {tmp_path / 'p.txt'}"
+
+
 def test_unknown_flag_is_refused():
     result = run("--model", "tiny:qwen3", "--promt", "x")
     assert result.returncode == 2 and "unrecognized arguments: --promt" in result.stderr

@@ -191,6 +191,7 @@ def test_bad_input_fails_before_any_model_loads(tmp_path, monkeypatch):
     (tmp_path / "empty.jsonl").write_text("")
     for args, message in ((["--stages", "sft", "--hard-reward", "acuracy"], "unknown reward 'acuracy'"),
                           (["--stages", "sft", "--paths", "0"], "paths per block must be between 2 and 8"),
+                          (["--stages", "sft", "--eval-batch", "0"], "--eval-batch must be >= 1"),
                           (["--stages", "sft", "--sft-data", str(tmp_path / "empty.jsonl")],
                            f"sft: no traces in {tmp_path / 'empty.jsonl'}")):
         with pytest.raises(NanoparError) as error:
@@ -479,3 +480,19 @@ def test_each_schema_runs_with_each_recipe(tmp_path, monkeypatch):
                       "--stages", "pretrain,format-rl,rejection", "--distill-tries", "2"])
     kept = read_jsonl(out / "3-rejection" / "traces.jsonl")
     assert kept and all(check_parallel(r["response"]).ok and "<guideline>" not in r["response"] for r in kept)
+
+
+def test_the_evaluation_batch_is_its_own_setting(tmp_path, monkeypatch):
+    """Held-out evaluation decodes --eval-batch problems per sampler call, whatever the GRPO step's
+    size (a small RL run used to evaluate two problems at a time)."""
+    calls = []
+    real = nanopar.runner.evaluate
+    monkeypatch.setattr(nanopar.runner, "evaluate", lambda model, tokenizer, problems, policy, settings, samples,
+                        instructions, chat, batch_size, **kw: calls.append((len(problems), batch_size))
+                        or real(model, tokenizer, problems, policy, settings, samples, instructions, chat,
+                                batch_size, **kw))
+    train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--stages", "sft", "--eval-batch", "5"])
+    assert calls and all(batch == 5 for _, batch in calls)
+    with pytest.raises(NanoparError, match="--eval-batch must be >= 1"):
+        train.main(["--out", str(tmp_path / "b"), *SMALL, "--pretrain-data", "", "--stages", "sft",
+                    "--eval-batch", "0"])
