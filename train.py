@@ -3,16 +3,17 @@
     python train.py                                    # the toy world on a CPU, ~8 minutes (see TrainConfig)
     python train.py --baseline                         # + accuracy-only GRPO from the same base
     python train.py --preset long                      # the longer toy run (PRESETS)
-    python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit --lora --lr 1e-5 \\
-        --pretrain-data "" --easy-data gsm8k_train --hard-data path/to/dapo.jsonl \\
-        --sft-data parallel_gsm8k.jsonl --instructions parallel --paths 2 --max-new-tokens 1024
+    python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit   # a real model: its defaults
+    python train.py --model path/to/model --stages rl-easy --skip sft  # GRPO alone, on your model
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
     python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
 with the shared layout, checkpoints every --checkpoint-every steps and on Ctrl-C; running the
-same command again resumes. Metrics go to <out>/metrics.jsonl, one line per step. After each
+same command again resumes. A model that is not built from code (a hub id, a folder, a .gguf
+file) gets a real model's defaults for every flag not given (nanopar/defaults.py: no pretraining,
+GSM8K then DAPO, the parallel prompt, LoRA, budgets for real answers). Metrics go to <out>/metrics.jsonl, one line per step. After each
 training stage its model is evaluated on --eval-data (<stage>/eval.json), and the run ends with
 a table of every stage side by side. What it leaves out: multi-GPU, vLLM, the full benchmark
 report with pass@k and speedup (eval.py).
@@ -31,6 +32,7 @@ from rich.table import Table
 from nanopar import NanoparError
 from nanopar.config import parse_config, save_config
 from nanopar.curriculum import TrainConfig, recipe, select
+from nanopar.defaults import apply_model_defaults
 from nanopar.data import read_jsonl, source_for
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
@@ -97,7 +99,11 @@ def apply_preset(config: TrainConfig, argv: list[str]) -> TrainConfig:
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
     config = apply_preset(parse_config(TrainConfig, argv, description=__doc__.split("\n")[0]), argv)
+    real = apply_model_defaults(config, argv)  # a real model's defaults for the flags not given
     console = Console()
+    if real:
+        console.print(f"[dim]{config.model} is a real model: its defaults for {', '.join(real)} "
+                      "(nanopar/defaults.py; config.json has every value)[/]")
     if config.plot:
         png = plot_metrics(Path(config.plot) / "metrics.jsonl", Path(config.plot) / "metrics.png")
         console.print(f"wrote {png}")
@@ -115,6 +121,9 @@ def main(argv: list[str] | None = None) -> Path:
     for stage in chosen:
         runner.run(stage)
     console.print(summary(runner, chosen))
+    for stage in chosen:  # folder numbers depend on the recipe: say where each model is
+        if stage.kind != "distill":
+            console.print(f"{stage.name}: {runner.folder(stage) / 'final'}")
     png = plot_metrics(runner.out / "metrics.jsonl", runner.out / "metrics.png")
     console.print(f"{time.perf_counter() - started:.0f} s; metrics in {runner.out / 'metrics.jsonl'}, plot {png}")
     return runner.out

@@ -49,9 +49,10 @@ class Stage:
 class TrainConfig(SamplerSettings):
     """Everything `python train.py` can be told: every field is a flag, its comment the --help.
 
-    The sampler's budgets and draw knobs come from `SamplerSettings` (declared once, defaults
-    changed below for the toy world); the fields that decide the policy (mode, temperature) make
-    the run's `Policy`."""
+    The defaults are the toy world's; "real model: ..." is what a model not built from code gets
+    instead unless the flag is given (`nanopar.defaults`). The sampler's budgets and draw knobs
+    come from `SamplerSettings` (declared once); the fields that decide the policy (mode,
+    temperature) make the run's `Policy`."""
 
     # the run
     out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
@@ -65,7 +66,7 @@ class TrainConfig(SamplerSettings):
     # the model
     model: str = "toy:model"  # hub id, local folder, nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
     load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
-    lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
+    lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight; real model: True
     lora_rank: int = 16  # LoRA r
     lora_alpha: int = 32  # LoRA alpha (scale alpha / r)
     lora_dropout: float = 0.0  # keep 0 for RL: dropout breaks the on-policy ratio of 1
@@ -75,21 +76,21 @@ class TrainConfig(SamplerSettings):
     path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     gradient_checkpointing: bool = False  # recompute activations in backward: much less memory on a GPU, ~30% slower
     # the data
-    pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct; a real model: none), "" = none
-    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
-    hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
-    sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill
+    pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct; a real model: ""), "" = none
+    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy; real model: 'gsm8k_train'
+    hard_data: str = "toy:hard"  # hard problems (stage 2 RL); real model: 'dapo'
+    sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill; real model: "" (distilled by --teacher or the model)
     teacher: str = ""  # strong model writing cold-start-data (hub id, folder, checkpoint, tiny:*; "" = its input); not NPR's rejection: self-distilled
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # field of the gold answer ("" = answer)
     limit: int = 0  # use only the first N problems of each data set (0 = all)
-    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
+    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"; real model: 'parallel'
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     # stage lengths, learning rates and rewards
     pretrain_steps: int = 600  # pretraining SFT steps (only with --pretrain-data)
     pretrain_lr: float = 2e-3  # pretraining learning rate (from scratch)
     sft_steps: int = 150  # cold-start SFT steps
-    sft_lr: float = 1e-3  # cold-start SFT learning rate
+    sft_lr: float = 1e-3  # cold-start SFT learning rate; real model: 1e-4
     sft_batch: int = 32  # traces per SFT step (pretraining too)
     sft_schedule: str = "cosine"  # learning rate of SFT stages after warm-up: "cosine" (to 10%) or "constant"
     rl_easy_steps: int = 20  # GRPO steps on easy problems
@@ -103,24 +104,24 @@ class TrainConfig(SamplerSettings):
     # held-out evaluation after every training stage (the final table)
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
     eval_problems: int = 100  # first N problems of each (0 = no evaluation)
-    eval_samples: int = 2  # responses per problem, at --temperature
+    eval_samples: int = 2  # responses per problem, at --temperature; real model: 1
     eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
     # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)
     prompts_per_step: int = 8  # B: problems per GRPO step
     group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)
-    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2)
-    max_new_tokens: int = 160  # sampled tokens per response, over all branches
-    max_path_tokens: int = 48  # sampled tokens per path
+    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2); real model: 2
+    max_new_tokens: int = 160  # sampled tokens per response, over all branches; real model: 1024
+    max_path_tokens: int = 48  # sampled tokens per path; real model: 512
     temperature: float = 1.0  # sampling temperature (the policy GRPO trains)
     # optimisation
-    lr: float = 3e-5  # RL learning rate (AdamW); toy: 1e-4 moves a sequence 2-3 nats per step and degrades it
+    lr: float = 3e-5  # RL learning rate (AdamW); toy: 1e-4 moves a sequence 2-3 nats per step and degrades it; real model: 1e-5
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warm-up steps per stage
     advantage: str = "zscore"  # "zscore", "mean" or "batch" (group mean, batch std: PAPO; NPR's last stage uses it)
     updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
     clip: float = 0.2  # PPO clip range (updates > 1 only)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
-    micro_batch: int = 16  # rows per forward/backward
+    micro_batch: int = 16  # rows per forward/backward; real model: 4
     max_grad_norm: float = 1.0  # gradient clipping
     # bookkeeping
     checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)

@@ -107,6 +107,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "aime24": ("aime24.jsonl", "problem", "answer"),  # answer: integer (as text)
     "aime25": ("aime25.jsonl", "problem", "answer"),
     "amc23": ("amc23.jsonl", "problem", "answer"),
+    "dapo": ("dapo_math_17k.jsonl", "problem", "answer"),  # answer: integer; Parallel-R1's stage-2 RL set
 }
 
 # a shipped training set -> its shipped test set: the held-out data of a run that trains on it
