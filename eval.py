@@ -15,10 +15,12 @@ math text, so the math benchmarks (gsm8k, math500, aime24, aime25, amc23, shippe
 nanopar/benchmarks/) are for a real Qwen: name them with --benchmarks. Any .jsonl file or hub data
 set works too, with --question-field / --answer-field for its field names.
 
-Per benchmark (nanopar/evaluation.py): mean@k (Parallel-R1's Mean@16, NPR's avg@8), unbiased
-pass@k, parallel ratio, relative position of <Parallel>, blocks per response, paths per block,
-format-valid rate (Algorithm 1), answer-parse failures, acceleration (tokens / critical-path
-tokens), length, truncation, decode tokens/s and NPR's speedup: the first --speedup-batches
+Per benchmark (nanopar/evaluation.py): mean@k (Parallel-R1's Mean@16, NPR's avg@8) under the
+strict reading (a box or a Final Answer line, what rewards use) and under the flexible one (also
+GSM8K's "#### N", then the last number outside the branches; "-" where a checker grades, the toy's),
+the answers each reading found, unbiased pass@k, parallel ratio, relative position of <Parallel>,
+blocks per response, paths per block, format-valid rate (Algorithm 1), answer-parse failures
+(either reading), acceleration (tokens / critical-path tokens), length, truncation, decode tokens/s and NPR's speedup: the first --speedup-batches
 sampler calls are decoded again without forking (the tags read as text), same prompts, seeds and
 budget, and the speedup is the ratio of the two tokens/s.
 
@@ -76,7 +78,7 @@ class EvalConfig(SamplerSettings):
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     samples: int = 4  # k: responses per problem (mean@k, pass@k)
     pass_k: int = 0  # k of pass@k (0 = --samples)
-    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
+    instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own (the toy: its marker or nothing)
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     batch_size: int = 32  # problems per sampler call
     paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2)
@@ -145,7 +147,9 @@ def run(config: EvalConfig, console: Console) -> dict:
             records += [{"benchmark": name, **r} for r in found]
             write_jsonl(out / "samples.jsonl", records)
             (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            bar.update(task, description=f"{name} mean@{config.samples} {metrics['accuracy']:.1%}")
+            flexible = metrics["accuracy_flexible"]
+            bar.update(task, description=f"{name} mean@{config.samples} {metrics['accuracy']:.1%}"
+                       + ("" if flexible is None else f" (flexible {flexible:.1%})"))
             console.print(brief_table(name, metrics, config.samples))
     console.print(results_table(summary, title=f"{config.model} · {config.mode} · {config.samples} samples"))
     console.print(f"{time.perf_counter() - started:.0f} s; wrote {out / 'summary.json'}, {out / 'samples.jsonl'}")
@@ -175,9 +179,12 @@ def speed(records, model, tokenizer, problems, policy, settings, instructions: s
 
 
 def average(benchmarks: dict[str, dict]) -> dict:
-    """The unweighted mean over benchmarks (Parallel-R1's "avg" column) of the headline rates."""
-    return {key: statistics.fmean(m[key] for m in benchmarks.values())
-            for key in ("accuracy", "pass_at_k", "parallel_ratio", "format_valid")}
+    """The unweighted mean over benchmarks (Parallel-R1's "avg" column) of the headline rates; None
+    for a rate some benchmark lacks (the flexible reading of the toy's problems)."""
+    keys = ("accuracy", "accuracy_flexible", "answers_found", "answers_found_flexible", "pass_at_k", "parallel_ratio",
+            "format_valid")
+    values = {key: [m.get(key) for m in benchmarks.values()] for key in keys}
+    return {key: None if None in v else statistics.fmean(v) for key, v in values.items()}
 
 
 # ----------------------------------------------------------------------------- tables

@@ -132,7 +132,10 @@ class Row:
 METRIC_ROWS = [  # in the order every table shows them
     Row("problems", "problems", "count"),
     Row("samples", "responses", "count"),
-    Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),
+    Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),  # the strict reading
+    Row("accuracy_flexible", "  flexible reading", "rate", brief="flexible"),  # + "#### N", the last number
+    Row("answers_found", "answers found (strict)", "rate"),
+    Row("answers_found_flexible", "answers found (flexible)", "rate"),
     Row("pass_at_k", "pass@k", "rate", brief="pass@k"),
     Row("parallel_ratio", "parallel ratio", "rate", stage="parallel ratio", brief="parallel"),
     Row("relative_position", "block position", "number", stage="block position"),
@@ -141,6 +144,7 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("branch_counts", "  blocks by branch count", "shares", stage="branch counts"),
     Row("format_valid", "format valid", "rate", brief="format"),
     Row("parse_failures", "answer parse failures", "rate"),
+    Row("parse_failures_flexible", "  flexible reading", "rate"),
     Row("acceleration", "acceleration (x)", "number", stage="acceleration", brief="accel."),
     Row("response_length", "length (tokens)", "number"),
     Row("truncation_rate", "truncated", "rate", stage="truncated"),

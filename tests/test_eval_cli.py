@@ -14,9 +14,10 @@ from nanopar.config import field_comments
 from nanopar.data import read_jsonl
 from nanopar.evaluation import decode_rate, summarize
 from nanopar.format import check_format
-from test_evaluation import PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
-SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "pass_at_k", "parallel_ratio", "relative_position",
-                "blocks_per_response", "paths_per_block", "branches_per_block", "format_valid", "parse_failures", "acceleration",
+from test_evaluation import FLEXIBLE_SCRIPT, PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
+SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "accuracy_flexible", "answers_found", "answers_found_flexible",
+                "pass_at_k", "parallel_ratio", "relative_position", "blocks_per_response", "paths_per_block",
+                "branches_per_block", "format_valid", "parse_failures", "parse_failures_flexible", "acceleration",
                 "response_length", "truncation_rate")
 
 
@@ -84,6 +85,58 @@ def test_scripted_run_rescoring_reproduces_the_accuracy(tmp_path, monkeypatch, c
     reports = eval_script.main(["--rescore", str(out / "samples.jsonl"), "--reward", "format"])
     expected = [1.0 if check_format(text).ok else -1.0 for _, text, _, _ in scripted_rows]
     assert reports["all"]["mean"] == pytest.approx(sum(expected) / len(expected))
+
+
+def table_row(shown: str, label: str) -> list[str]:
+    """The cells after the label of the first printed table row named `label`."""
+    line = next(line for line in shown.splitlines() if line.strip("│┃ ").startswith(label))
+    return [cell.strip() for cell in line.strip("│┃ ").split("│")[1:]]
+
+
+def test_the_table_shows_strict_and_flexible_accuracy_and_the_answers_each_found(tmp_path, monkeypatch, capsys):
+    """A toy set (its checker: no flexible reading, "-") beside GSM8K answered '#### 18', 'She makes
+    9 * 2 = 18 dollars.' and with a boxed 18: strict 1 of 3, flexible 3 of 3; the model fails at
+    the format, not at the maths, and the table says so."""
+    from nanopar.toy import toy_tokenizer
+
+    gsm = [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT[:3]]
+    scripted(monkeypatch, toy_tokenizer(), [(p, text, finish) for p, text, finish, _ in SCRIPT[:3]] + gsm)
+    out = tmp_path / "run"
+    summary = eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout,gsm8k", "--limit", "1",
+                                "--samples", "3", "--speedup-batches", "0", "--out", str(out)])
+    shown = capsys.readouterr().out
+    toy, gsm8k = summary["benchmarks"]["toy:easy:heldout"], summary["benchmarks"]["gsm8k"]
+    assert (gsm8k["accuracy"], gsm8k["accuracy_flexible"]) == (pytest.approx(1 / 3), 1.0)
+    assert (gsm8k["answers_found"], gsm8k["answers_found_flexible"]) == (pytest.approx(1 / 3), 1.0)
+    assert (toy["accuracy"], toy["answers_found"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3))
+    assert toy["accuracy_flexible"] is None and toy["answers_found_flexible"] is None
+    assert summary["average"]["accuracy_flexible"] is None  # not over a set that has none
+    # rows: metric, toy, gsm8k, average
+    assert table_row(shown, "mean@3 (accuracy)") == ["33.3%", "33.3%", "33.3%"]
+    assert table_row(shown, "flexible reading") == ["-", "100.0%", "-"]
+    assert table_row(shown, "answers found (strict)") == ["66.7%", "33.3%", "50.0%"]
+    assert table_row(shown, "answers found (flexible)") == ["-", "100.0%", "-"]
+    records = read_jsonl(out / "samples.jsonl")
+    assert [r["flexible_read_as"] for r in records] == [None] * 3 + ["####", "last number", "boxed"]
+    assert [r["read_as"] for r in records] == [None] * 5 + ["boxed"]  # a checker does not say how it read
+
+
+def test_a_real_model_is_asked_for_a_boxed_answer_in_its_chat_template_by_default(tmp_path, monkeypatch,
+                                                                                  qwen_tokenizer):
+    """eval.py's default instructions ("answer") for a hub model: Qwen's one-line request, inside
+    the tokenizer's chat template (the model load is stood in for by the offline Qwen tokenizer)."""
+    from nanopar.prompts import ANSWER_INSTRUCTIONS
+
+    monkeypatch.setattr(eval_script, "load_model", lambda settings, schema: (None, qwen_tokenizer))
+    scripted(monkeypatch, qwen_tokenizer, [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT[:2]])
+    out = tmp_path / "run"
+    summary = eval_script.main(["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--benchmarks", "gsm8k", "--limit", "1",
+                                "--samples", "2", "--out", str(out)])
+    (first, second) = read_jsonl(out / "samples.jsonl")
+    question = PROBLEMS["gsm8k:1"].question
+    assert first["prompt"] == f"<|im_start|>user\n{ANSWER_INSTRUCTIONS}\n\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    assert json.loads((out / "config.json").read_text())["instructions"] == "answer"
+    assert summary["benchmarks"]["gsm8k"]["accuracy"] == 0.0 and summary["benchmarks"]["gsm8k"]["accuracy_flexible"] == 1.0
 
 
 def test_a_users_reward_file_rescores_by_name(tmp_path, registry):
