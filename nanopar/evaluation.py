@@ -14,7 +14,8 @@ ids and raw text). Everything after `evaluate` reads records only, so a saved sa
 summarised or re-scored without the model: `summarize` (mean@k under both readings, unbiased pass@k,
 answers found by each reading, format-valid rate, answer-parse failures, and
 `metrics.structure_metrics` as a GRPO step reports them),
-`decode_rate` / `sequential_rate` (tokens/s with and without forking: NPR's speedup), `rescore` /
+`decode_rate` / `sequential_rate` (tokens/s with and without forking), `speedup` (NPR's: the
+two decoded in turns, best of a few rounds; `forked` says whether there is anything to time), `rescore` /
 `reward_report` (any reward spec on saved responses). Not here: the command line, tables and
 files (eval.py), LLM judges, majority voting (maj@k), confidence intervals.
 """
@@ -194,14 +195,57 @@ def sequential_rate(model, tokenizer, problems: list[Problem], policy: Policy, s
     """Decode the same prompts, in the same batches, seeds and budget, as `evaluate` would, but
     sequentially: the policy gets no tag ids, so `<Parallel>` forks nothing and every tag is a
     token like any other. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
-    eos, tokens, seconds = stop_ids(model, tokenizer), 0, 0.0
     plain = dataclasses.replace(policy, tag_ids=None)
+    return decode_rate_again(model, tokenizer, problems, plain, settings, samples, instructions, chat, batch_size)
+
+
+def decode_rate_again(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings,
+                      samples: int = 1, instructions: str = "", chat: bool = True, batch_size: int = 32) -> dict:
+    """Decode the prompts as `evaluate` would (same batches, seeds, budget), only timed, under
+    `policy`. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
+    eos, tokens, seconds = stop_ids(model, tokenizer), 0, 0.0
     for batch, start in enumerate(range(0, len(problems), batch_size)):
         prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in problems[start : start + batch_size]]
-        rollouts = sample(model, prompts, plain, _seeded(settings, batch), eos, samples)
+        rollouts = sample(model, prompts, policy, _seeded(settings, batch), eos, samples)
         tokens += sum(r.stats.new_tokens for r in rollouts)
         seconds += rollouts[0].stats.wall_time
     return _rate(tokens, seconds)
+
+
+def forked(records: list[dict], batches: int | None = None, mode: str = "structured") -> bool:
+    """Whether any response of sampler calls 0..batches-1 (all when None) forked: holds a block of
+    two or more branches (a one-plan NPR guideline is a step of the main chain, no fork). In causal
+    `mode` (the policy's) nothing forks, whatever blocks the model wrote.
+
+    >>> plain, block = {"batch": 0, "paths_per_block": []}, {"batch": 1, "paths_per_block": [1, 3]}
+    >>> forked([plain, block]), forked([plain, block], batches=1), forked([plain, block], mode="causal")
+    (True, False, False)
+    """
+    chosen = [r for r in records if batches is None or r["batch"] < batches]
+    return mode == "structured" and any(n >= 2 for r in chosen for n in r["paths_per_block"])
+
+
+def speedup(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings, samples: int = 1,
+            instructions: str = "", chat: bool = True, batch_size: int = 32, repeats: int = 2) -> dict:
+    """NPR's speedup, timed as the benchmarks time (bench/sampler.py): the same prompts decoded with
+    forking (`policy`) and sequentially (no tag ids), taking turns for `repeats` rounds so a drift in
+    machine speed hits both alike, the best round of each counting. Call it after a warm-up (eval.py:
+    after the evaluation itself, which decoded these prompts once). -> {"parallel", "sequential":
+    rates as `decode_rate`'s, the best of each; "speedup": parallel / sequential tokens/s (None
+    when either has no rate)}. Whether anything forks is the caller's to check (`forked`):
+    without a fork the two decodes are the same work and their ratio is noise."""
+    if repeats < 1:
+        raise NanoparError(f"the speedup needs at least one timed round, got {repeats}")
+    plain = dataclasses.replace(policy, tag_ids=None)
+    best: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, which in (("parallel", policy), ("sequential", plain)):
+            rate = decode_rate_again(model, tokenizer, problems, which, settings, samples, instructions, chat,
+                                     batch_size)
+            if name not in best or (rate["tokens_per_second"] or 0.0) > (best[name]["tokens_per_second"] or 0.0):
+                best[name] = rate
+    parallel, sequential = best["parallel"]["tokens_per_second"], best["sequential"]["tokens_per_second"]
+    return best | {"speedup": parallel / sequential if parallel and sequential else None}
 
 
 def _rate(tokens: int, seconds: float) -> dict:

@@ -12,7 +12,7 @@ from conftest import one_line, reward_file, run_script
 from nanopar import NanoparError
 from nanopar.config import field_comments
 from nanopar.data import read_jsonl
-from nanopar.evaluation import decode_rate, summarize
+from nanopar.evaluation import decode_rate, forked, summarize
 from nanopar.format import check_format
 from test_evaluation import FLEXIBLE_SCRIPT, PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
 SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "accuracy_flexible", "answers_found", "answers_found_flexible",
@@ -48,10 +48,13 @@ def test_tiny_model_end_to_end(tmp_path):
     assert config["model"] == "toy:model" and config["samples"] == 2 and config["max_new_tokens"] == 32
     assert [(r["benchmark"], r["sample"]) for r in records] == [(b, s) for b in ("toy:easy:heldout", "aime24")
                                                                 for _ in range(2) for s in range(2)]
-    for metrics in saved["benchmarks"].values():
-        assert metrics["sequential_tokens_per_second"] > 0 and metrics["parallel_tokens_per_second"] > 0
-        assert metrics["speedup"] == pytest.approx(metrics["parallel_tokens_per_second"]
-                                                   / metrics["sequential_tokens_per_second"])
+    for name, metrics in saved["benchmarks"].items():
+        if forked([r for r in records if r["benchmark"] == name], batches=1):  # a random model forks now and then
+            assert metrics["sequential_tokens_per_second"] > 0 and metrics["parallel_tokens_per_second"] > 0
+            assert metrics["speedup"] == pytest.approx(metrics["parallel_tokens_per_second"]
+                                                       / metrics["sequential_tokens_per_second"])
+        else:
+            assert metrics["speedup"] is metrics["sequential_tokens_per_second"] is None
     reports = eval_script.main(["--rescore", str(out / "samples.jsonl"), "--reward", "accuracy"])
     for name, metrics in saved["benchmarks"].items():
         assert (reports[name]["mean"] + 1) / 2 == pytest.approx(metrics["accuracy"])
@@ -137,6 +140,30 @@ def test_a_real_model_is_asked_for_a_boxed_answer_in_its_chat_template_by_defaul
     assert first["prompt"] == f"<|im_start|>user\n{ANSWER_INSTRUCTIONS}\n\n{question}<|im_end|>\n<|im_start|>assistant\n"
     assert json.loads((out / "config.json").read_text())["instructions"] == "answer"
     assert summary["benchmarks"]["gsm8k"]["accuracy"] == 0.0 and summary["benchmarks"]["gsm8k"]["accuracy_flexible"] == 1.0
+
+
+def test_no_speedup_when_nothing_forked_and_the_pair_timed_in_turns_when_something_did(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """The toy's responses fork (a block of two paths): after its evaluation call (1.0 s, cold), the
+    pair takes turns, parallel 0.5 / 0.4 s, sequential 0.8 / 0.9 s: speedup 2.00 (the old timing,
+    the cold call against one sequential decode, read 1.0 vs 0.5: 0.50x). GSM8K's responses hold
+    no block: both decodes would be the same work, so no speedup ("-") and nothing decoded again."""
+    from nanopar.toy import toy_tokenizer
+
+    fake = scripted(monkeypatch, toy_tokenizer(),
+                    [(p, text, finish) for p, text, finish, _ in SCRIPT[:3]]
+                    + [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT[:3]],
+                    wall_time=[1.0, 0.5, 0.8, 0.4, 0.9, 0.3])
+    summary = eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout,gsm8k", "--limit", "1",
+                                "--samples", "3", "--out", str(tmp_path / "run")])
+    toy, gsm8k = summary["benchmarks"]["toy:easy:heldout"], summary["benchmarks"]["gsm8k"]
+    assert toy["speedup"] == pytest.approx(2.0)
+    assert toy["parallel_tokens_per_second"] == pytest.approx(2 * toy["sequential_tokens_per_second"])
+    assert gsm8k["speedup"] is gsm8k["parallel_tokens_per_second"] is gsm8k["sequential_tokens_per_second"] is None
+    assert len(fake.calls) == 6 and [c["tag_ids"] is None for c in fake.calls[1:5]] == [False, True, False, True]
+    shown = capsys.readouterr().out
+    assert table_row(shown, "speedup (x)") == ["2.00", "-", "-"]  # toy, gsm8k, average
+    assert "no block forked in the first 1 sampler call(s): no speedup to measure" in shown
 
 
 def test_a_users_reward_file_rescores_by_name(tmp_path, registry):

@@ -16,12 +16,14 @@ from nanopar.data import load_problems
 from nanopar.evaluation import (
     decode_rate,
     evaluate,
+    forked,
     histogram,
     pass_at_k,
     rescore,
     reward_report,
     sample_record,
     sequential_rate,
+    speedup,
     summarize,
 )
 from nanopar.format import check_format
@@ -123,21 +125,23 @@ class Scripted:
     """A stand-in for `sampler.sample` returning scripted responses, as the sampler would build them.
 
     `script` maps a problem's prompt ids to (text, finish) pairs, one per sample; "eos" appends EOS.
+    `wall_time` is every call's wall time, or a list of them, one per call in order.
     """
 
-    def __init__(self, tokenizer, script: dict[tuple, list[tuple[str, str]]], wall_time: float = 0.25):
+    def __init__(self, tokenizer, script: dict[tuple, list[tuple[str, str]]], wall_time: float | list = 0.25):
         self.tokenizer, self.script, self.wall_time, self.calls = tokenizer, script, wall_time, []
 
     def __call__(self, model, prompts, policy, settings, eos_ids, samples_per_prompt=1):
         tag_ids = policy.tag_ids
         self.calls.append({"prompts": prompts, "seed": settings.seed, "tag_ids": tag_ids,
                            "samples": samples_per_prompt})
+        wall_time = self.wall_time.pop(0) if isinstance(self.wall_time, list) else self.wall_time
         rollouts = []
         for prompt in prompts:
             for text, finish in self.script[tuple(prompt)][:samples_per_prompt]:
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
                 ids += [eos_ids[0]] if finish == "eos" else []
-                rollouts.append(text_rollout(prompt, ids, tag_ids or NO_TAGS, finish, self.wall_time))
+                rollouts.append(text_rollout(prompt, ids, tag_ids or NO_TAGS, finish, wall_time))
         return rollouts
 
 
@@ -146,7 +150,7 @@ class Scripted:
 PROMPT_TEXTS = {instructions_named(name, data) for name in INSTRUCTIONS for data in ("", "toy:easy")} | {NPR_INSTRUCTIONS}
 
 
-def scripted(monkeypatch, tokenizer, table: list[tuple], wall_time: float = 0.25) -> Scripted:
+def scripted(monkeypatch, tokenizer, table: list[tuple], wall_time: float | list = 0.25) -> Scripted:
     """Patch the sampler evaluation uses with `table` rows (problem, text, finish)."""
     rows: dict[int, tuple] = {}
     for problem, text, finish in table:
@@ -371,6 +375,27 @@ def test_speed_helpers(monkeypatch):
     assert sequential["seconds"] == 1.0
     assert [c["tag_ids"] for c in fake.calls] == [None, None]  # no tags: nothing forks
     assert [(c["prompts"], c["seed"]) for c in fake.calls] == [(c["prompts"], c["seed"]) for c in evaluated]
+
+
+def test_speedup_takes_turns_and_keeps_the_best_round_of_each(monkeypatch):
+    """The evaluation's own call (1.0 s, cold) is not timed again; then parallel and sequential
+    take turns: 0.5, 0.8, 0.4, 0.9 s. The best of each (0.4, 0.8) make the speedup: 2.0 on the same
+    tokens. (Timing the evaluation's call against one sequential decode read 1.0 vs 0.5: 0.5x.)"""
+    tokenizer = toy_tokenizer()
+    fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT],
+                    wall_time=[1.0, 0.5, 0.8, 0.4, 0.9])
+    problems = [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]]
+    records = evaluate(None, tokenizer, problems, POLICY, SamplerSettings(seed=5), samples=3, batch_size=3)
+    assert forked(records) and forked(records, batches=1) and not forked(records, mode="causal")
+    pair = speedup(None, tokenizer, problems, POLICY, SamplerSettings(seed=5), samples=3, batch_size=3, repeats=2)
+    tokens = sum(r["new_tokens"] for r in records)
+    assert pair["parallel"] == {"tokens": tokens, "seconds": 0.4, "tokens_per_second": tokens / 0.4}
+    assert pair["sequential"] == {"tokens": tokens, "seconds": 0.8, "tokens_per_second": tokens / 0.8}
+    assert pair["speedup"] == pytest.approx(2.0)
+    assert [c["tag_ids"] is None for c in fake.calls] == [False, False, True, False, True]  # taking turns
+    assert len({(tuple(map(tuple, c["prompts"])), c["seed"]) for c in fake.calls}) == 1  # the same prompts and seed
+    nothing = [r for r in records if not r["paths_per_block"] or max(r["paths_per_block"]) < 2]
+    assert len(nothing) == 7 and not forked(nothing)  # one path is no fork
 
 
 def test_real_tiny_model_records_agree_with_the_sampler():
