@@ -166,6 +166,48 @@ def test_no_speedup_when_nothing_forked_and_the_pair_timed_in_turns_when_somethi
     assert "no block forked in the first 1 sampler call(s): no speedup to measure" in shown
 
 
+def test_progress_prints_plain_lines_when_the_output_is_not_a_terminal():
+    """A log file gets a line per task at its start, at every tenth, and at an update 30 s or more
+    after the last line (a clock stands in for time); a terminal gets the bars only."""
+    import io
+
+    from rich.console import Console
+
+    from nanopar.show import progress
+
+    def run(console):
+        now = [0.0]
+        with progress(console) as bar:
+            bar.get_time = lambda: now[0]
+            task = bar.add_task("gsm8k", total=20)
+            for done in range(1, 21):
+                now[0] += 1
+                bar.update(task, completed=done)
+            slow = bar.add_task("aime24", total=1000)
+            for _ in range(5):
+                now[0] += 20
+                bar.advance(slow)
+        return console.file.getvalue()
+
+    log = run(Console(file=io.StringIO(), width=100))
+    lines = [line for line in log.splitlines() if ": " in line]
+    assert lines == [f"gsm8k: {2 * i}/20 ({10 * i}%), {2 * i} s" for i in range(11)] + [
+        "aime24: 0/1000 (0%), 0 s", "aime24: 2/1000 (0%), 40 s", "aime24: 4/1000 (0%), 80 s"]
+    terminal = run(Console(file=io.StringIO(), width=100, force_terminal=True))
+    assert "gsm8k: 2/20" not in terminal and "gsm8k" in terminal
+
+
+def test_eval_py_writes_progress_lines_into_a_log(tmp_path):
+    """eval.py with its output piped (not a terminal): the progress of each benchmark is in the
+    output as it goes, not only the bars rich draws once at the end."""
+    result = run_script("eval.py", "--model", "toy:model", "--benchmarks", "toy:easy:heldout", "--limit", "2",
+                        "--samples", "1", "--batch-size", "1", "--max-new-tokens", "8", "--speedup-batches", "0",
+                        "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    for line in ("toy:easy:heldout: 0/2 (0%), ", "toy:easy:heldout: 1/2 (50%), ", "toy:easy:heldout: 2/2 (100%), "):
+        assert line in result.stdout
+
+
 def test_a_users_reward_file_rescores_by_name(tmp_path, registry):
     user_rewards = reward_file(tmp_path, "short_and_correct", shorter_than=20)
     samples = tmp_path / "samples.jsonl"
