@@ -20,10 +20,11 @@ strict reading (a box or a Final Answer line, what rewards use) and under the fl
 GSM8K's "#### N", then the last number outside the branches; "-" where a checker grades, the toy's),
 the answers each reading found, unbiased pass@k, parallel ratio, relative position of <Parallel>,
 blocks per response, paths per block, format-valid rate (Algorithm 1), answer-parse failures
-(either reading), acceleration (tokens / critical-path tokens), length, truncation, decode tokens/s and NPR's speedup: the first --speedup-batches
-sampler calls are decoded again with forking and without (the tags read as text), same prompts,
-seeds and budget, taking turns for --speedup-repeats rounds (the best of each counts, as in
-bench/), and the speedup is the ratio of the two tokens/s; "-" when nothing forked in those calls.
+(either reading), acceleration (tokens / critical-path tokens), length, truncation, decode
+tokens/s and NPR's speedup: the first --speedup-batches sampler calls are decoded again with
+forking and without (the tags read as text), same prompts, seeds and budget, taking turns for
+--speedup-repeats rounds (the best of each counts, as in bench/), and the speedup is the ratio of
+the two tokens/s; "-" when nothing forked in those calls.
 
 Writes to --out: config.json (this config), samples.jsonl (one record per problem and sample,
 tagged with its benchmark: prompt, response, grade, structure, the rollout; rewritten after each
@@ -143,7 +144,7 @@ def run(config: EvalConfig, console: Console) -> dict:
             found = evaluate(model, tokenizer, problems, policy, settings, config.samples, instructions, config.chat,
                              config.batch_size, progress=lambda done, task=task: bar.update(task, completed=done))
             metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, policy,
-                                                                      settings, instructions, config, console)
+                                                                      settings, instructions, config, console, name)
             summary["benchmarks"][name] = metrics | {"seconds": time.perf_counter() - began}
             summary["average"] = average(summary["benchmarks"])
             records += [{"benchmark": name, **r} for r in found]
@@ -167,7 +168,7 @@ def load_benchmark(name: str, config: EvalConfig):
 
 
 def speed(records, model, tokenizer, problems, policy, settings, instructions: str, config: EvalConfig,
-          console: Console | None = None) -> dict:
+          console: Console | None = None, name: str = "") -> dict:
     """Decode tokens/s of the run; with --speedup-batches, NPR's speedup over sequential decoding:
     the first --speedup-batches sampler calls decoded again with and without forking, taking turns,
     --speedup-repeats rounds, the best of each (the evaluation was their warm-up). When nothing
@@ -179,7 +180,7 @@ def speed(records, model, tokenizer, problems, policy, settings, instructions: s
                     "sequential_tokens_per_second": None, "speedup": None}
         if not forked(records, config.speedup_batches, policy.mode):
             if console is not None:
-                console.print(f"no block forked in the first {config.speedup_batches} sampler call(s): "
+                console.print(f"{name}: no block forked in the first {config.speedup_batches} sampler call(s): "
                               "no speedup to measure", markup=False, highlight=False)
             return metrics
         count = config.speedup_batches * config.batch_size

@@ -11,12 +11,12 @@ re-scoring grade: the strict reading) and its grade under the flexible reading
 grades, the toy's), its structure (`metrics.response_structure`: token offsets) and the rollout
 less what only training needs (`show.rollout_record` without the sampled mask, log-probs, prompt
 ids and raw text). Everything after `evaluate` reads records only, so a saved samples.jsonl is
-summarised or re-scored without the model: `summarize` (mean@k under both readings, unbiased pass@k,
-answers found by each reading, format-valid rate, answer-parse failures, and
-`metrics.structure_metrics` as a GRPO step reports them),
-`decode_rate` / `sequential_rate` (tokens/s with and without forking), `speedup` (NPR's: the
-two decoded in turns, best of a few rounds; `forked` says whether there is anything to time), `rescore` /
-`reward_report` (any reward spec on saved responses). Not here: the command line, tables and
+summarised or re-scored without the model: `summarize` (mean@k under both readings, unbiased
+pass@k, answers found by each reading, format-valid rate, answer-parse failures, and
+`metrics.structure_metrics` as a GRPO step reports them), `decode_rate` / `sequential_rate`
+(tokens/s with and without forking), `speedup` (NPR's: the two decoded in turns, best of a few
+rounds; `forked` says whether there is anything to time), `rescore` / `reward_report` (any reward
+spec on saved responses). Not here: the command line, tables and
 files (eval.py), LLM judges, majority voting (maj@k), confidence intervals.
 """
 
@@ -161,22 +161,22 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "k": k,
         "accuracy": statistics.fmean(sum(c) / len(c) for c in correct.values()),
         "accuracy_flexible": statistics.fmean(sum(c) / len(c) for c in flexible.values()) if both else None,
-        "answers_found": _share(records, "extracted", lambda v: v is not None),
-        "answers_found_flexible": _share(records, "flexible_extracted", lambda v: v is not None) if both else None,
+        "answers_found": _share_set(records, "extracted"),
+        "answers_found_flexible": _share_set(records, "flexible_extracted") if both else None,
         "pass_at_k": statistics.fmean(pass_at_k(len(c), sum(c), k) for c in correct.values()),
         "format_valid": statistics.fmean(r["format_ok"] for r in records),
         "parse_failures": statistics.fmean(r["parse_error"] is not None for r in records),
-        "parse_failures_flexible": _share(records, "flexible_error", lambda v: v is not None) if both else None,
+        "parse_failures_flexible": _share_set(records, "flexible_error") if both else None,
         **structure_metrics(records),
     }
 
 
-def _share(records: list[dict], key: str, test: Callable) -> float | None:
-    """The share of records whose `key` passes `test`; None when some record has no `key` (saved
+def _share_set(records: list[dict], key: str) -> float | None:
+    """The share of records whose `key` is set (not None); None when some record has no `key` (saved
     before it was recorded: an unknown is not counted as a no)."""
     if any(key not in r for r in records):
         return None
-    return statistics.fmean(bool(test(r[key])) for r in records)
+    return statistics.fmean(r[key] is not None for r in records)
 
 
 # ----------------------------------------------------------------------------- speed

@@ -163,7 +163,7 @@ def test_no_speedup_when_nothing_forked_and_the_pair_timed_in_turns_when_somethi
     assert len(fake.calls) == 6 and [c["tag_ids"] is None for c in fake.calls[1:5]] == [False, True, False, True]
     shown = capsys.readouterr().out
     assert table_row(shown, "speedup (x)") == ["2.00", "-", "-"]  # toy, gsm8k, average
-    assert "no block forked in the first 1 sampler call(s): no speedup to measure" in shown
+    assert "gsm8k: no block forked in the first 1 sampler call(s): no speedup to measure" in shown
 
 
 def test_progress_prints_plain_lines_when_the_output_is_not_a_terminal():
