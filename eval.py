@@ -15,12 +15,16 @@ math text, so the math benchmarks (gsm8k, math500, aime24, aime25, amc23, shippe
 nanopar/benchmarks/) are for a real Qwen: name them with --benchmarks. Any .jsonl file or hub data
 set works too, with --question-field / --answer-field for its field names.
 
-Per benchmark (nanopar/evaluation.py): mean@k (Parallel-R1's Mean@16, NPR's avg@8), unbiased
-pass@k, parallel ratio, relative position of <Parallel>, blocks per response, paths per block,
-format-valid rate (Algorithm 1), answer-parse failures, acceleration (tokens / critical-path
-tokens), length, truncation, decode tokens/s and NPR's speedup: the first --speedup-batches
-sampler calls are decoded again without forking (the tags read as text), same prompts, seeds and
-budget, and the speedup is the ratio of the two tokens/s.
+Per benchmark (nanopar/evaluation.py): mean@k (Parallel-R1's Mean@16, NPR's avg@8) under the
+strict reading (a box or a Final Answer line, what rewards use) and under the flexible one (also
+GSM8K's "#### N", then the last number outside the branches; "-" where a checker grades, the toy's),
+the answers each reading found, unbiased pass@k, parallel ratio, relative position of <Parallel>,
+blocks per response, paths per block, format-valid rate (Algorithm 1), answer-parse failures
+(either reading), acceleration (tokens / critical-path tokens), length, truncation, decode
+tokens/s and NPR's speedup: the first --speedup-batches sampler calls are decoded again with
+forking and without (the tags read as text), same prompts, seeds and budget, taking turns for
+--speedup-repeats rounds (the best of each counts, as in bench/), and the speedup is the ratio of
+the two tokens/s; "-" when nothing forked in those calls.
 
 Writes to --out: config.json (this config), samples.jsonl (one record per problem and sample,
 tagged with its benchmark: prompt, response, grade, structure, the rollout; rewritten after each
@@ -46,7 +50,7 @@ from nanopar import NanoparError
 from nanopar.checkpoint import schema_for
 from nanopar.config import parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
-from nanopar.evaluation import decode_rate, evaluate, rescore, reward_report, sequential_rate, summarize
+from nanopar.evaluation import decode_rate, evaluate, forked, rescore, reward_report, speedup, summarize
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
 from nanopar.prompts import instructions_named
@@ -76,14 +80,15 @@ class EvalConfig(SamplerSettings):
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     samples: int = 4  # k: responses per problem (mean@k, pass@k)
     pass_k: int = 0  # k of pass@k (0 = --samples)
-    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
+    instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own (the toy: its marker or nothing)
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     batch_size: int = 32  # problems per sampler call
     paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2)
     max_new_tokens: int = 160  # sampled tokens per response, over all branches
     max_path_tokens: int = 48  # sampled tokens per path
     seed: int | None = 0  # sampler call b of each benchmark is seeded with seed + b
-    speedup_batches: int = 1  # sampler calls per benchmark decoded again without forking, for the speedup (0 = off)
+    speedup_batches: int = 1  # sampler calls per benchmark decoded again with and without forking, for the speedup (0 = off)
+    speedup_repeats: int = 2  # timed rounds of that pair, taking turns; the best of each counts
     out: str = "runs/eval"  # folder for config.json, samples.jsonl, summary.json
     # other jobs
     compare: tuple[str, ...] = ()  # two summary.json files: print them side by side with differences, and exit
@@ -113,8 +118,8 @@ def run(config: EvalConfig, console: Console) -> dict:
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
     schema = schema_for(config.schema, config.model)
     instructions_named(config.instructions)  # a known name, checked before the model loads
-    if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0:
-        raise NanoparError("--samples and --batch-size must be >= 1, --speedup-batches >= 0")
+    if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0 or config.speedup_repeats < 1:
+        raise NanoparError("--samples, --batch-size and --speedup-repeats must be >= 1, --speedup-batches >= 0")
     if not 0 <= config.pass_k <= config.samples:
         raise NanoparError(f"--pass-k must be between 1 and --samples ({config.samples}), or 0; got {config.pass_k}")
     benchmarks = {name: load_benchmark(name, config) for name in config.benchmarks.split(",") if name.strip()}
@@ -139,13 +144,15 @@ def run(config: EvalConfig, console: Console) -> dict:
             found = evaluate(model, tokenizer, problems, policy, settings, config.samples, instructions, config.chat,
                              config.batch_size, progress=lambda done, task=task: bar.update(task, completed=done))
             metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, policy,
-                                                                      settings, instructions, config)
+                                                                      settings, instructions, config, console, name)
             summary["benchmarks"][name] = metrics | {"seconds": time.perf_counter() - began}
             summary["average"] = average(summary["benchmarks"])
             records += [{"benchmark": name, **r} for r in found]
             write_jsonl(out / "samples.jsonl", records)
             (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            bar.update(task, description=f"{name} mean@{config.samples} {metrics['accuracy']:.1%}")
+            flexible = metrics["accuracy_flexible"]
+            bar.update(task, description=f"{name} mean@{config.samples} {metrics['accuracy']:.1%}"
+                       + ("" if flexible is None else f" (flexible {flexible:.1%})"))
             console.print(brief_table(name, metrics, config.samples))
     console.print(results_table(summary, title=f"{config.model} · {config.mode} · {config.samples} samples"))
     console.print(f"{time.perf_counter() - started:.0f} s; wrote {out / 'summary.json'}, {out / 'samples.jsonl'}")
@@ -160,24 +167,38 @@ def load_benchmark(name: str, config: EvalConfig):
     return problems
 
 
-def speed(records, model, tokenizer, problems, policy, settings, instructions: str, config: EvalConfig) -> dict:
-    """Decode tokens/s of the run; with --speedup-batches, NPR's speedup over sequential decoding."""
+def speed(records, model, tokenizer, problems, policy, settings, instructions: str, config: EvalConfig,
+          console: Console | None = None, name: str = "") -> dict:
+    """Decode tokens/s of the run; with --speedup-batches, NPR's speedup over sequential decoding:
+    the first --speedup-batches sampler calls decoded again with and without forking, taking turns,
+    --speedup-repeats rounds, the best of each (the evaluation was their warm-up). When nothing
+    forked in those calls (no block of two or more branches, or causal mode) the two decodes are
+    the same work: no speedup (None, shown "-"), and nothing is decoded again."""
     metrics = {"tokens_per_second": decode_rate(records)["tokens_per_second"]}
     if config.speedup_batches:
+        metrics |= {"speedup_batches": config.speedup_batches, "parallel_tokens_per_second": None,
+                    "sequential_tokens_per_second": None, "speedup": None}
+        if not forked(records, config.speedup_batches, policy.mode):
+            if console is not None:
+                console.print(f"{name}: no block forked in the first {config.speedup_batches} sampler call(s): "
+                              "no speedup to measure", markup=False, highlight=False)
+            return metrics
         count = config.speedup_batches * config.batch_size
-        parallel = decode_rate(records, config.speedup_batches)["tokens_per_second"]
-        sequential = sequential_rate(model, tokenizer, problems[:count], policy, settings, config.samples, instructions,
-                                     config.chat, config.batch_size)["tokens_per_second"]
-        metrics |= {"speedup_batches": config.speedup_batches, "parallel_tokens_per_second": parallel,
-                    "sequential_tokens_per_second": sequential,
-                    "speedup": parallel / sequential if parallel and sequential else None}
+        pair = speedup(model, tokenizer, problems[:count], policy, settings, config.samples, instructions, config.chat,
+                       config.batch_size, config.speedup_repeats)
+        metrics |= {"parallel_tokens_per_second": pair["parallel"]["tokens_per_second"],
+                    "sequential_tokens_per_second": pair["sequential"]["tokens_per_second"],
+                    "speedup": pair["speedup"]}
     return metrics
 
 
 def average(benchmarks: dict[str, dict]) -> dict:
-    """The unweighted mean over benchmarks (Parallel-R1's "avg" column) of the headline rates."""
-    return {key: statistics.fmean(m[key] for m in benchmarks.values())
-            for key in ("accuracy", "pass_at_k", "parallel_ratio", "format_valid")}
+    """The unweighted mean over benchmarks (Parallel-R1's "avg" column) of the headline rates; None
+    for a rate some benchmark lacks (the flexible reading of the toy's problems)."""
+    keys = ("accuracy", "accuracy_flexible", "answers_found", "answers_found_flexible", "pass_at_k", "parallel_ratio",
+            "format_valid")
+    values = {key: [m.get(key) for m in benchmarks.values()] for key in keys}
+    return {key: None if None in v else statistics.fmean(v) for key, v in values.items()}
 
 
 # ----------------------------------------------------------------------------- tables

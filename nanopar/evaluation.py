@@ -6,13 +6,17 @@
 
 A *record* is one (problem, sample) as a JSON-ready dict: the problem (to grade it again), the
 prompt and response text, its grade (`rewards.score("accuracy", ...)`, as training and
-re-scoring grade), its structure (`metrics.response_structure`: token offsets) and the rollout
+re-scoring grade: the strict reading) and its grade under the flexible reading
+(`grading.grade(..., flexible=True)`: also `#### N` and the last number; None where a checker
+grades, the toy's), its structure (`metrics.response_structure`: token offsets) and the rollout
 less what only training needs (`show.rollout_record` without the sampled mask, log-probs, prompt
 ids and raw text). Everything after `evaluate` reads records only, so a saved samples.jsonl is
-summarised or re-scored without the model: `summarize` (mean@k, unbiased pass@k, format-valid
-rate, answer-parse failures, and `metrics.structure_metrics` as a GRPO step reports them),
-`decode_rate` / `sequential_rate` (tokens/s with and without forking: NPR's speedup), `rescore` /
-`reward_report` (any reward spec on saved responses). Not here: the command line, tables and
+summarised or re-scored without the model: `summarize` (mean@k under both readings, unbiased
+pass@k, answers found by each reading, format-valid rate, answer-parse failures, and
+`metrics.structure_metrics` as a GRPO step reports them), `decode_rate` / `sequential_rate`
+(tokens/s with and without forking), `speedup` (NPR's: the two decoded in turns, best of a few
+rounds; `forked` says whether there is anything to time), `rescore` / `reward_report` (any reward
+spec on saved responses). Not here: the command line, tables and
 files (eval.py), LLM judges, majority voting (maj@k), confidence intervals.
 """
 
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from . import NanoparError
 from .data import Problem
 from .format import check_format
+from .grading import grade, has_flexible_reading
 from .metrics import response_structure, structure_metrics
 from .policy import Policy
 from .prompts import build_prompt, stop_ids
@@ -74,6 +79,9 @@ def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_i
     """One rollout of one problem as a JSON-ready record: problem, response, grade, structure."""
     text = response_text(rollout, tokenizer, eos_ids)
     result = score("accuracy", text, rollout.trace, problem)
+    flexible = None  # a checker (the toy's) reads its own format, one way: no flexible reading
+    if has_flexible_reading(problem):  # the flexible reading is the strict one wherever that finds an answer
+        flexible = result.grade if result.grade.extracted is not None else grade(text, problem, flexible=True)
     rollout_fields = {k: v for k, v in rollout_record(rollout, tokenizer).items() if k not in TRAINING_ONLY}
     return {
         "id": problem.id,
@@ -82,9 +90,14 @@ def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_i
         "prompt": rollout_fields.pop("prompt"),
         "response": text,
         "answer": problem.answer,  # gold, as the data set gives it
-        "extracted": result.grade.extracted,
+        "extracted": result.grade.extracted,  # the strict reading (what rewards grade)
         "correct": result.grade.correct,
         "parse_error": result.grade.error,
+        "read_as": result.grade.how,  # "boxed", "final answer" (None: none found, or a checker's)
+        "flexible_extracted": None if flexible is None else flexible.extracted,  # all four None: not applicable
+        "flexible_correct": None if flexible is None else flexible.correct,
+        "flexible_error": None if flexible is None else flexible.error,
+        "flexible_read_as": None if flexible is None else flexible.how,  # also "####", "last number"
         "schema": rollout.trace.schema.name,  # the tag schema the response was read with
         "format_ok": check_format(text, rollout.trace.schema).ok,  # the schema's rules (the `format` reward); a valid parallel trace: has_parallel
         **response_structure(rollout),  # blocks, paths, positions (token offsets), lengths, finish
@@ -121,14 +134,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def summarize(records: list[dict], k: int | None = None) -> dict:
     """The metrics of one benchmark's records. `k` of pass@k defaults to the samples per problem.
 
-    accuracy is mean@k: the mean over problems of (correct samples / samples); the structure
-    numbers are `metrics.structure_metrics`, as a GRPO step reports them.
+    accuracy is mean@k: the mean over problems of (correct samples / samples), under the strict
+    reading (what rewards use); `accuracy_flexible` is the same under the flexible reading.
+    `answers_found` / `answers_found_flexible` are the shares of responses in which each reading
+    found an answer, `parse_failures` / `parse_failures_flexible` those it could not grade (no
+    answer, or math-verify could not read it): a model that fails at the format, not at the maths,
+    shows a flexible accuracy above the strict one. The flexible numbers are None unless every
+    record has a flexible grading (a checker's problems have none; so do records saved before it).
+    The structure numbers are `metrics.structure_metrics`, as a GRPO step reports them.
     """
     if not records:
         raise NanoparError("no records to summarize")
     correct: dict[tuple, list[bool]] = defaultdict(list)
+    flexible: dict[tuple, list[bool]] = defaultdict(list)
     for r in records:
         correct[(r["source"], r["id"])].append(r["correct"])
+        flexible[(r["source"], r["id"])].append(r.get("flexible_correct"))
+    both = all(r.get("flexible_correct") is not None for r in records)
     fewest = min(map(len, correct.values()))
     k = fewest if k is None else k
     if not 1 <= k <= fewest:
@@ -138,11 +160,23 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "samples": len(records),
         "k": k,
         "accuracy": statistics.fmean(sum(c) / len(c) for c in correct.values()),
+        "accuracy_flexible": statistics.fmean(sum(c) / len(c) for c in flexible.values()) if both else None,
+        "answers_found": _share_set(records, "extracted"),
+        "answers_found_flexible": _share_set(records, "flexible_extracted") if both else None,
         "pass_at_k": statistics.fmean(pass_at_k(len(c), sum(c), k) for c in correct.values()),
         "format_valid": statistics.fmean(r["format_ok"] for r in records),
         "parse_failures": statistics.fmean(r["parse_error"] is not None for r in records),
+        "parse_failures_flexible": _share_set(records, "flexible_error") if both else None,
         **structure_metrics(records),
     }
+
+
+def _share_set(records: list[dict], key: str) -> float | None:
+    """The share of records whose `key` is set (not None); None when some record has no `key` (saved
+    before it was recorded: an unknown is not counted as a no)."""
+    if any(key not in r for r in records):
+        return None
+    return statistics.fmean(r[key] is not None for r in records)
 
 
 # ----------------------------------------------------------------------------- speed
@@ -161,14 +195,57 @@ def sequential_rate(model, tokenizer, problems: list[Problem], policy: Policy, s
     """Decode the same prompts, in the same batches, seeds and budget, as `evaluate` would, but
     sequentially: the policy gets no tag ids, so `<Parallel>` forks nothing and every tag is a
     token like any other. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
-    eos, tokens, seconds = stop_ids(model, tokenizer), 0, 0.0
     plain = dataclasses.replace(policy, tag_ids=None)
+    return decode_rate_again(model, tokenizer, problems, plain, settings, samples, instructions, chat, batch_size)
+
+
+def decode_rate_again(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings,
+                      samples: int = 1, instructions: str = "", chat: bool = True, batch_size: int = 32) -> dict:
+    """Decode the prompts as `evaluate` would (same batches, seeds, budget), only timed, under
+    `policy`. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
+    eos, tokens, seconds = stop_ids(model, tokenizer), 0, 0.0
     for batch, start in enumerate(range(0, len(problems), batch_size)):
         prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in problems[start : start + batch_size]]
-        rollouts = sample(model, prompts, plain, _seeded(settings, batch), eos, samples)
+        rollouts = sample(model, prompts, policy, _seeded(settings, batch), eos, samples)
         tokens += sum(r.stats.new_tokens for r in rollouts)
         seconds += rollouts[0].stats.wall_time
     return _rate(tokens, seconds)
+
+
+def forked(records: list[dict], batches: int | None = None, mode: str = "structured") -> bool:
+    """Whether any response of sampler calls 0..batches-1 (all when None) forked: holds a block of
+    two or more branches (a one-plan NPR guideline is a step of the main chain, no fork). In causal
+    `mode` (the policy's) nothing forks, whatever blocks the model wrote.
+
+    >>> plain, block = {"batch": 0, "paths_per_block": []}, {"batch": 1, "paths_per_block": [1, 3]}
+    >>> forked([plain, block]), forked([plain, block], batches=1), forked([plain, block], mode="causal")
+    (True, False, False)
+    """
+    chosen = [r for r in records if batches is None or r["batch"] < batches]
+    return mode == "structured" and any(n >= 2 for r in chosen for n in r["paths_per_block"])
+
+
+def speedup(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings, samples: int = 1,
+            instructions: str = "", chat: bool = True, batch_size: int = 32, repeats: int = 2) -> dict:
+    """NPR's speedup, timed as the benchmarks time (bench/sampler.py): the same prompts decoded with
+    forking (`policy`) and sequentially (no tag ids), taking turns for `repeats` rounds so a drift in
+    machine speed hits both alike, the best round of each counting. Call it after a warm-up (eval.py:
+    after the evaluation itself, which decoded these prompts once). -> {"parallel", "sequential":
+    rates as `decode_rate`'s, the best of each; "speedup": parallel / sequential tokens/s (None
+    when either has no rate)}. Whether anything forks is the caller's to check (`forked`):
+    without a fork the two decodes are the same work and their ratio is noise."""
+    if repeats < 1:
+        raise NanoparError(f"the speedup needs at least one timed round, got {repeats}")
+    plain = dataclasses.replace(policy, tag_ids=None)
+    best: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, which in (("parallel", policy), ("sequential", plain)):
+            rate = decode_rate_again(model, tokenizer, problems, which, settings, samples, instructions, chat,
+                                     batch_size)
+            if name not in best or (rate["tokens_per_second"] or 0.0) > (best[name]["tokens_per_second"] or 0.0):
+                best[name] = rate
+    parallel, sequential = best["parallel"]["tokens_per_second"], best["sequential"]["tokens_per_second"]
+    return best | {"speedup": parallel / sequential if parallel and sequential else None}
 
 
 def _rate(tokens: int, seconds: float) -> dict:

@@ -10,14 +10,26 @@ toy world's character tokenizer, a base model with `chat=False`) the prompt is p
 
     {question}
 
-Three instruction sets:
-  PARALLEL_INSTRUCTIONS  elicit parallel thinking in Parallel-R1's tags (`parallel_instructions(schema)`
-                         words them for another schema of its shape). Our own wording of the idea
-                         of Parallel-R1's elicitation prompt; it ends with a line `Final Answer: ...`.
-  NPR_INSTRUCTIONS       NPR's format rules (guideline of plans, one step per plan, takeaway), our
-                         own wording of NPR's released prompt; the answer in \\boxed{} as NPR asks.
-  PLAIN_INSTRUCTIONS     step by step, no tags: the accuracy-only baselines (`Final Answer: ...`).
-`instructions_named("parallel", schema=...)` picks the parallel set that matches the run's schema.
+Instruction sets, by the name `--instructions` gives them. Each one a real model reads ends by
+asking for the final answer in a form the strict grader reads (`grading.read_answer`: a box, or a
+`Final Answer:` line; a `Final Answer: \\boxed{...}` line is both):
+  "parallel"  PARALLEL_INSTRUCTIONS: elicit parallel thinking in Parallel-R1's tags
+              (`parallel_instructions(schema)` words them for another schema of its shape). Our own
+              wording of the idea of Parallel-R1's elicitation prompt; it ends with a line
+              `Final Answer: \\boxed{<your answer>}` (Parallel-R1 writes `Final Answer:`, the box
+              makes the request the same as every other set's).
+              Under NPR's schema: NPR_INSTRUCTIONS, NPR's format rules (guideline of plans, one step
+              per plan, takeaway), our own wording of NPR's released prompt; the answer in
+              \\boxed{} as NPR asks.
+  "plain"     PLAIN_INSTRUCTIONS: step by step, no tags, the same answer line: the accuracy-only
+              baselines.
+  "answer"    ANSWER_INSTRUCTIONS: one line, Qwen's own request for math ("Please reason step by
+              step, and put your final answer within \\boxed{}."): the least a real model must be
+              told for its answer to be read.
+  "none"      nothing: the bare question (a model trained on its own format: the toy's).
+A data source with a model of its own words the sets its own way (`data.Source.instructions`: the
+toy's model reads one marker, "in parallel", and answers on its own `Final Answer:` line), and a
+set it does not word is its "none" text: its model keeps its own format.
 The tags in a prompt are single tokens once `tags.add_tag_tokens` has run; the layout reads a
 prompt as plain text either way.
 """
@@ -27,6 +39,10 @@ from __future__ import annotations
 from .data import Problem, source_for
 from . import NanoparError
 from .tags import NPR, PARALLEL_R1, TagSchema
+
+
+# how Parallel-R1's and the plain instructions end: both readings of the strict grader accept it
+ANSWER_LINE = "End your response with a line of the form\nFinal Answer: \\boxed{<your answer>}"
 
 
 def parallel_instructions(schema: TagSchema = PARALLEL_R1) -> str:
@@ -52,8 +68,7 @@ def parallel_instructions(schema: TagSchema = PARALLEL_R1) -> str:
         "Decide for yourself where parallel thinking helps: use it at the steps that gain from "
         "it, as often as the problem needs, and reason normally elsewhere.\n"
         "\n"
-        "End your response with a line of the form\n"
-        "Final Answer: <your answer>"
+        + ANSWER_LINE
     )
 
 
@@ -81,26 +96,32 @@ def npr_instructions(schema: TagSchema = NPR) -> str:
 PARALLEL_INSTRUCTIONS = parallel_instructions()
 NPR_INSTRUCTIONS = npr_instructions()
 
-PLAIN_INSTRUCTIONS = (
-    "Work through the problem below step by step, showing your reasoning.\n"
-    "\n"
-    "End your response with a line of the form\n"
-    "Final Answer: <your answer>"
-)
+PLAIN_INSTRUCTIONS = "Work through the problem below step by step, showing your reasoning.\n\n" + ANSWER_LINE
+
+# Qwen's prompt for math (Qwen2.5-Math, and the Qwen3 model cards' advice), word for word
+ANSWER_INSTRUCTIONS = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-INSTRUCTIONS = {"parallel": PARALLEL_INSTRUCTIONS, "plain": PLAIN_INSTRUCTIONS, "none": ""}  # by flag value
+INSTRUCTIONS = {"parallel": PARALLEL_INSTRUCTIONS, "plain": PLAIN_INSTRUCTIONS, "answer": ANSWER_INSTRUCTIONS,
+                "none": ""}  # by flag value
 
 
 def instructions_named(name: str, data: str = "", schema: TagSchema = PARALLEL_R1) -> str:
-    """The instructions a flag names ("parallel", "plain", "none"), as the model of `data` reads
-    them: a registered source (`data.SOURCES`) may word them its own way (the toy world's model
-    knows a one-word marker, not English paragraphs). "parallel" is worded in `schema`'s tags."""
+    """The instructions a flag names ("parallel", "plain", "answer", "none"), as the model of
+    `data` reads them: a registered source (`data.SOURCES`) may word them its own way (the toy
+    world's model knows a one-word marker, not English paragraphs); a name it does not word gets
+    its "none" text (its model keeps its own answer format). "parallel" is worded in `schema`'s tags.
+
+    >>> instructions_named("answer")
+    'Please reason step by step, and put your final answer within \\\\boxed{}.'
+    >>> instructions_named("answer", "toy:easy"), instructions_named("parallel", "toy:easy")
+    ('', 'in parallel')
+    """
     if name not in INSTRUCTIONS:
         raise NanoparError(f"unknown instructions {name!r}: use one of {', '.join(INSTRUCTIONS)}")
     source = source_for(data) if data else None
     if source is not None and source.instructions is not None:
-        return source.instructions[name]
+        return source.instructions.get(name, source.instructions.get("none", ""))
     return parallel_instructions(schema) if name == "parallel" else INSTRUCTIONS[name]
 
 

@@ -3,7 +3,8 @@
 Used by sample.py, and by training to print a sample trace now and then. Text is decoded span by
 span from the token ids, so what you see is exactly what the sampler and the layout read.
 Also `rollout_record`, the machine-readable form of a rollout (sample.py --json, eval files),
-and what every script's display shares: the progress bar, how a metric is written in a table
+and what every script's display shares: the progress bar (with plain lines where the output is
+not a terminal), how a metric is written in a table
 (`metric_cell`), and the one list of metric rows with their names and kinds (`METRIC_ROWS`),
 from which train.py's table of stages, eval.py's tables and --compare all take theirs. Not
 here: computing the metrics (metrics.py, evaluation.py).
@@ -97,9 +98,51 @@ def rollout_record(rollout, tokenizer) -> dict:
 
 
 def progress(console=None) -> Progress:
-    """The progress bar of every long job: description, bar, done/total, elapsed time."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console)
+    """The progress bar of every long job: description, bar, done/total, elapsed time. When the
+    console is not a terminal (output to a log file or a pipe, where rich draws the bars only
+    once, at the end) it also prints a plain line per task as it goes (`LoggedProgress`)."""
+    return LoggedProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console)
+
+
+class LoggedProgress(Progress):
+    """rich's Progress, plus, on a console that is not a terminal, a plain line per task when it is
+    added, each time it passes another tenth of its total (the end included) and, in between, at an
+    update `every_s` seconds or more after its last line: "gsm8k: 64/150 (42%), 95 s"."""
+
+    every_s = 30.0
+
+    def __init__(self, *columns, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self._last_lines: dict = {}  # task id -> (tenth, time, completed) of its last plain line
+
+    def add_task(self, description, *args, **kwargs):
+        task_id = super().add_task(description, *args, **kwargs)
+        self._line(task_id)
+        return task_id
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._line(task_id)
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._line(task_id)
+
+    def _line(self, task_id) -> None:
+        if self.console.is_terminal:
+            return
+        task = next(t for t in self.tasks if t.id == task_id)
+        tenth = int(10 * task.completed / task.total) if task.total else None
+        now, last = self.get_time(), self._last_lines.get(task_id)
+        new_tenth = last is None or (tenth is not None and tenth != last[0])
+        overdue = last is not None and now - last[1] >= self.every_s and task.completed != last[2]
+        if not (new_tenth or overdue):
+            return
+        self._last_lines[task_id] = (tenth, now, task.completed)
+        done = f"{task.completed:g}/{task.total:g} ({task.completed / task.total:.0%})" if task.total else f"{task.completed:g}"
+        self.console.print(f"{task.description}: {done}, {task.elapsed or 0:.0f} s", markup=False, highlight=False,
+                           soft_wrap=True)
 
 
 def metric_cell(value, kind: str) -> str:
@@ -132,7 +175,10 @@ class Row:
 METRIC_ROWS = [  # in the order every table shows them
     Row("problems", "problems", "count"),
     Row("samples", "responses", "count"),
-    Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),
+    Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),  # the strict reading
+    Row("accuracy_flexible", "  flexible reading", "rate", brief="flexible"),  # + "#### N", the last number
+    Row("answers_found", "answers found (strict)", "rate"),
+    Row("answers_found_flexible", "answers found (flexible)", "rate"),
     Row("pass_at_k", "pass@k", "rate", brief="pass@k"),
     Row("parallel_ratio", "parallel ratio", "rate", stage="parallel ratio", brief="parallel"),
     Row("relative_position", "block position", "number", stage="block position"),
@@ -141,6 +187,7 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("branch_counts", "  blocks by branch count", "shares", stage="branch counts"),
     Row("format_valid", "format valid", "rate", brief="format"),
     Row("parse_failures", "answer parse failures", "rate"),
+    Row("parse_failures_flexible", "  flexible reading", "rate"),
     Row("acceleration", "acceleration (x)", "number", stage="acceleration", brief="accel."),
     Row("response_length", "length (tokens)", "number"),
     Row("truncation_rate", "truncated", "rate", stage="truncated"),

@@ -14,8 +14,18 @@ import pytest
 from conftest import one_line
 from nanopar import NanoparError
 from nanopar.data import BENCHMARK_DIR, BENCHMARKS, Problem, load_problems, load_traces, read_jsonl, write_jsonl
-from nanopar.prompts import PARALLEL_INSTRUCTIONS, PLAIN_INSTRUCTIONS, build_prompt, parallel_instructions, stop_ids
-from nanopar.tags import PARALLEL_R1, TagIds, TagSchema
+from nanopar.grading import Reading, read_answer
+from nanopar.prompts import (
+    ANSWER_INSTRUCTIONS,
+    INSTRUCTIONS,
+    PARALLEL_INSTRUCTIONS,
+    PLAIN_INSTRUCTIONS,
+    build_prompt,
+    instructions_named,
+    parallel_instructions,
+    stop_ids,
+)
+from nanopar.tags import NPR, PARALLEL_R1, TagIds, TagSchema
 
 ROWS = {"gsm8k": 1319, "gsm8k_train": 7473, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40}
 
@@ -231,12 +241,66 @@ def test_write_is_atomic(tmp_path):
 def test_parallel_instructions_use_the_schema():
     for tag in PARALLEL_R1.all():
         assert tag in PARALLEL_INSTRUCTIONS
-    assert PARALLEL_INSTRUCTIONS.rstrip().endswith("Final Answer: <your answer>")
-    assert PLAIN_INSTRUCTIONS.rstrip().endswith("Final Answer: <your answer>") and "<Path>" not in PLAIN_INSTRUCTIONS
+    assert PARALLEL_INSTRUCTIONS.rstrip().endswith("Final Answer: \\boxed{<your answer>}")
+    assert PLAIN_INSTRUCTIONS.rstrip().endswith("Final Answer: \\boxed{<your answer>}") and "<Path>" not in PLAIN_INSTRUCTIONS
     other = TagSchema("custom", "<fork>", "</fork>", "<branch>", "</branch>", "<join>", "</join>")
     text = parallel_instructions(other)
     assert all(tag in text for tag in other.all()) and not any(tag in text for tag in PARALLEL_R1.all())
-    assert (PARALLEL_INSTRUCTIONS + PLAIN_INSTRUCTIONS).isascii()  # the char tokenizer can read them
+    assert (PARALLEL_INSTRUCTIONS + PLAIN_INSTRUCTIONS + ANSWER_INSTRUCTIONS).isascii()  # the char tokenizer reads them
+
+
+def does_what_it_asks(instructions: str) -> str:
+    """The response of a model that does exactly what the last line of `instructions` asks, with
+    42 as its answer."""
+    last = instructions.rstrip().splitlines()[-1]
+    return "48 - 6 = 42.\n" + last.replace("<your answer>", "42").replace("\\boxed{}", "\\boxed{42}")
+
+
+@pytest.mark.parametrize("schema", [PARALLEL_R1, NPR], ids=lambda s: s.name)
+@pytest.mark.parametrize("name", ["parallel", "plain", "answer"])
+def test_every_instruction_set_ends_asking_for_an_answer_the_strict_grader_reads(name, schema):
+    """Parallel-R1's (a Final Answer line), NPR's (a box) and the plain and answer sets all end by
+    asking for the answer in a box: a model that does what they ask is read by the strict reading."""
+    text = instructions_named(name, "gsm8k", schema)
+    assert "\\boxed{" in text.rstrip().splitlines()[-1]
+    assert read_answer(does_what_it_asks(text)) == Reading("42", "boxed")
+    assert text == INSTRUCTIONS[name] or (name == "parallel" and text == parallel_instructions(schema))
+    assert instructions_named("none", "gsm8k", schema) == ""  # "none" is the bare question: nothing asked
+
+
+@pytest.mark.parametrize("recipe", ["parallel-r1", "npr"])
+@pytest.mark.parametrize("flag", ["answer", "parallel"])
+def test_every_stage_of_each_recipe_asks_a_real_model_for_a_boxed_answer(recipe, flag):
+    """Real data (the stages prompt as `Runner.prompt` does: the stage's data source words the
+    instructions): every stage, baseline and cold start included, asks for the boxed answer. The
+    toy keeps its own prompts: its marker or nothing, never English its model cannot read."""
+    from nanopar.curriculum import TrainConfig, recipe as stages_of, schema_of
+
+    real = TrainConfig(recipe=recipe, instructions=flag, baseline=True, model="Qwen/Qwen2.5-1.5B-Instruct",
+                       easy_data="gsm8k_train", hard_data="math500", sft_data="", pretrain_data="auto")
+    stages = stages_of(real)
+    assert {s.name for s in stages} >= {"rl-hard" if recipe == "parallel-r1" else "parallel-rl", "baseline-rl-easy"}
+    for stage in stages:
+        text = instructions_named(stage.instructions, stage.data or stage.traces, schema_of(real))
+        assert read_answer(does_what_it_asks(text)) == Reading("42", "boxed"), stage.name
+    toy = TrainConfig(recipe=recipe, instructions=flag, baseline=True)
+    for stage in stages_of(toy):
+        text = instructions_named(stage.instructions, stage.data or stage.traces, schema_of(toy))
+        assert text in ("", "in parallel"), stage.name
+
+
+def test_the_answer_request_goes_into_the_chat_template_of_a_saved_checkpoint(qwen_tokenizer, tmp_path):
+    """A checkpoint saves its tokenizer (model.save_checkpoint_model) and loads it back with
+    AutoTokenizer: the chat template survives, so a trained Qwen is still prompted in chat form."""
+    from transformers import AutoTokenizer
+
+    qwen_tokenizer.save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer.chat_template == qwen_tokenizer.chat_template
+    problem = load_problems("gsm8k", limit=1)[0]
+    text = tokenizer.decode(build_prompt(problem, tokenizer, instructions_named("answer", "gsm8k")))
+    assert text == (f"<|im_start|>user\n{ANSWER_INSTRUCTIONS}\n\n{problem.question}<|im_end|>\n"
+                    "<|im_start|>assistant\n")
 
 
 def test_build_prompt_qwen_chat(qwen_tokenizer):

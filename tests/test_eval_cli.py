@@ -12,11 +12,12 @@ from conftest import one_line, reward_file, run_script
 from nanopar import NanoparError
 from nanopar.config import field_comments
 from nanopar.data import read_jsonl
-from nanopar.evaluation import decode_rate, summarize
+from nanopar.evaluation import decode_rate, forked, summarize
 from nanopar.format import check_format
-from test_evaluation import PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
-SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "pass_at_k", "parallel_ratio", "relative_position",
-                "blocks_per_response", "paths_per_block", "branches_per_block", "format_valid", "parse_failures", "acceleration",
+from test_evaluation import FLEXIBLE_SCRIPT, PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
+SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "accuracy_flexible", "answers_found", "answers_found_flexible",
+                "pass_at_k", "parallel_ratio", "relative_position", "blocks_per_response", "paths_per_block",
+                "branches_per_block", "format_valid", "parse_failures", "parse_failures_flexible", "acceleration",
                 "response_length", "truncation_rate")
 
 
@@ -47,10 +48,13 @@ def test_tiny_model_end_to_end(tmp_path):
     assert config["model"] == "toy:model" and config["samples"] == 2 and config["max_new_tokens"] == 32
     assert [(r["benchmark"], r["sample"]) for r in records] == [(b, s) for b in ("toy:easy:heldout", "aime24")
                                                                 for _ in range(2) for s in range(2)]
-    for metrics in saved["benchmarks"].values():
-        assert metrics["sequential_tokens_per_second"] > 0 and metrics["parallel_tokens_per_second"] > 0
-        assert metrics["speedup"] == pytest.approx(metrics["parallel_tokens_per_second"]
-                                                   / metrics["sequential_tokens_per_second"])
+    for name, metrics in saved["benchmarks"].items():
+        if forked([r for r in records if r["benchmark"] == name], batches=1):  # a random model forks now and then
+            assert metrics["sequential_tokens_per_second"] > 0 and metrics["parallel_tokens_per_second"] > 0
+            assert metrics["speedup"] == pytest.approx(metrics["parallel_tokens_per_second"]
+                                                       / metrics["sequential_tokens_per_second"])
+        else:
+            assert metrics["speedup"] is metrics["sequential_tokens_per_second"] is None
     reports = eval_script.main(["--rescore", str(out / "samples.jsonl"), "--reward", "accuracy"])
     for name, metrics in saved["benchmarks"].items():
         assert (reports[name]["mean"] + 1) / 2 == pytest.approx(metrics["accuracy"])
@@ -84,6 +88,124 @@ def test_scripted_run_rescoring_reproduces_the_accuracy(tmp_path, monkeypatch, c
     reports = eval_script.main(["--rescore", str(out / "samples.jsonl"), "--reward", "format"])
     expected = [1.0 if check_format(text).ok else -1.0 for _, text, _, _ in scripted_rows]
     assert reports["all"]["mean"] == pytest.approx(sum(expected) / len(expected))
+
+
+def table_row(shown: str, label: str) -> list[str]:
+    """The cells after the label of the first printed table row named `label`."""
+    line = next(line for line in shown.splitlines() if line.strip("│┃ ").startswith(label))
+    return [cell.strip() for cell in line.strip("│┃ ").split("│")[1:]]
+
+
+def test_the_table_shows_strict_and_flexible_accuracy_and_the_answers_each_found(tmp_path, monkeypatch, capsys):
+    """A toy set (its checker: no flexible reading, "-") beside GSM8K answered '#### 18', 'She makes
+    9 * 2 = 18 dollars.' and with a boxed 18: strict 1 of 3, flexible 3 of 3; the model fails at
+    the format, not at the maths, and the table says so."""
+    from nanopar.toy import toy_tokenizer
+
+    gsm = [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT[:3]]
+    scripted(monkeypatch, toy_tokenizer(), [(p, text, finish) for p, text, finish, _ in SCRIPT[:3]] + gsm)
+    out = tmp_path / "run"
+    summary = eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout,gsm8k", "--limit", "1",
+                                "--samples", "3", "--speedup-batches", "0", "--out", str(out)])
+    shown = capsys.readouterr().out
+    toy, gsm8k = summary["benchmarks"]["toy:easy:heldout"], summary["benchmarks"]["gsm8k"]
+    assert (gsm8k["accuracy"], gsm8k["accuracy_flexible"]) == (pytest.approx(1 / 3), 1.0)
+    assert (gsm8k["answers_found"], gsm8k["answers_found_flexible"]) == (pytest.approx(1 / 3), 1.0)
+    assert (toy["accuracy"], toy["answers_found"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3))
+    assert toy["accuracy_flexible"] is None and toy["answers_found_flexible"] is None
+    assert summary["average"]["accuracy_flexible"] is None  # not over a set that has none
+    # rows: metric, toy, gsm8k, average
+    assert table_row(shown, "mean@3 (accuracy)") == ["33.3%", "33.3%", "33.3%"]
+    assert table_row(shown, "flexible reading") == ["-", "100.0%", "-"]
+    assert table_row(shown, "answers found (strict)") == ["66.7%", "33.3%", "50.0%"]
+    assert table_row(shown, "answers found (flexible)") == ["-", "100.0%", "-"]
+    records = read_jsonl(out / "samples.jsonl")
+    assert [r["flexible_read_as"] for r in records] == [None] * 3 + ["####", "last number", "boxed"]
+    assert [r["read_as"] for r in records] == [None] * 5 + ["boxed"]  # a checker does not say how it read
+
+
+def test_a_real_model_is_asked_for_a_boxed_answer_in_its_chat_template_by_default(tmp_path, monkeypatch,
+                                                                                  qwen_tokenizer):
+    """eval.py's default instructions ("answer") for a hub model: Qwen's one-line request, inside
+    the tokenizer's chat template (the model load is stood in for by the offline Qwen tokenizer)."""
+    from nanopar.prompts import ANSWER_INSTRUCTIONS
+
+    monkeypatch.setattr(eval_script, "load_model", lambda settings, schema: (None, qwen_tokenizer))
+    scripted(monkeypatch, qwen_tokenizer, [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT[:2]])
+    out = tmp_path / "run"
+    summary = eval_script.main(["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--benchmarks", "gsm8k", "--limit", "1",
+                                "--samples", "2", "--out", str(out)])
+    (first, second) = read_jsonl(out / "samples.jsonl")
+    question = PROBLEMS["gsm8k:1"].question
+    assert first["prompt"] == f"<|im_start|>user\n{ANSWER_INSTRUCTIONS}\n\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    assert json.loads((out / "config.json").read_text())["instructions"] == "answer"
+    assert summary["benchmarks"]["gsm8k"]["accuracy"] == 0.0 and summary["benchmarks"]["gsm8k"]["accuracy_flexible"] == 1.0
+
+
+def test_no_speedup_when_nothing_forked_and_the_pair_timed_in_turns_when_something_did(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """The toy's responses fork (a block of two paths): after its evaluation call (1.0 s, cold), the
+    pair takes turns, parallel 0.5 / 0.4 s, sequential 0.8 / 0.9 s: speedup 2.00 (the old timing,
+    the cold call against one sequential decode, read 1.0 vs 0.5: 0.50x). GSM8K's responses hold
+    no block: both decodes would be the same work, so no speedup ("-") and nothing decoded again."""
+    from nanopar.toy import toy_tokenizer
+
+    fake = scripted(monkeypatch, toy_tokenizer(),
+                    [(p, text, finish) for p, text, finish, _ in SCRIPT[:3]]
+                    + [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT[:3]],
+                    wall_time=[1.0, 0.5, 0.8, 0.4, 0.9, 0.3])
+    summary = eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout,gsm8k", "--limit", "1",
+                                "--samples", "3", "--out", str(tmp_path / "run")])
+    toy, gsm8k = summary["benchmarks"]["toy:easy:heldout"], summary["benchmarks"]["gsm8k"]
+    assert toy["speedup"] == pytest.approx(2.0)
+    assert toy["parallel_tokens_per_second"] == pytest.approx(2 * toy["sequential_tokens_per_second"])
+    assert gsm8k["speedup"] is gsm8k["parallel_tokens_per_second"] is gsm8k["sequential_tokens_per_second"] is None
+    assert len(fake.calls) == 6 and [c["tag_ids"] is None for c in fake.calls[1:5]] == [False, True, False, True]
+    shown = capsys.readouterr().out
+    assert table_row(shown, "speedup (x)") == ["2.00", "-", "-"]  # toy, gsm8k, average
+    assert "gsm8k: no block forked in the first 1 sampler call(s): no speedup to measure" in shown
+
+
+def test_progress_prints_plain_lines_when_the_output_is_not_a_terminal():
+    """A log file gets a line per task at its start, at every tenth, and at an update 30 s or more
+    after the last line (a clock stands in for time); a terminal gets the bars only."""
+    import io
+
+    from rich.console import Console
+
+    from nanopar.show import progress
+
+    def run(console):
+        now = [0.0]
+        with progress(console) as bar:
+            bar.get_time = lambda: now[0]
+            task = bar.add_task("gsm8k", total=20)
+            for done in range(1, 21):
+                now[0] += 1
+                bar.update(task, completed=done)
+            slow = bar.add_task("aime24", total=1000)
+            for _ in range(5):
+                now[0] += 20
+                bar.advance(slow)
+        return console.file.getvalue()
+
+    log = run(Console(file=io.StringIO(), width=100))
+    lines = [line for line in log.splitlines() if ": " in line]
+    assert lines == [f"gsm8k: {2 * i}/20 ({10 * i}%), {2 * i} s" for i in range(11)] + [
+        "aime24: 0/1000 (0%), 0 s", "aime24: 2/1000 (0%), 40 s", "aime24: 4/1000 (0%), 80 s"]
+    terminal = run(Console(file=io.StringIO(), width=100, force_terminal=True))
+    assert "gsm8k: 2/20" not in terminal and "gsm8k" in terminal
+
+
+def test_eval_py_writes_progress_lines_into_a_log(tmp_path):
+    """eval.py with its output piped (not a terminal): the progress of each benchmark is in the
+    output as it goes, not only the bars rich draws once at the end."""
+    result = run_script("eval.py", "--model", "toy:model", "--benchmarks", "toy:easy:heldout", "--limit", "2",
+                        "--samples", "1", "--batch-size", "1", "--max-new-tokens", "8", "--speedup-batches", "0",
+                        "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    for line in ("toy:easy:heldout: 0/2 (0%), ", "toy:easy:heldout: 1/2 (50%), ", "toy:easy:heldout: 2/2 (100%), "):
+        assert line in result.stdout
 
 
 def test_a_users_reward_file_rescores_by_name(tmp_path, registry):

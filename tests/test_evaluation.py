@@ -16,12 +16,14 @@ from nanopar.data import load_problems
 from nanopar.evaluation import (
     decode_rate,
     evaluate,
+    forked,
     histogram,
     pass_at_k,
     rescore,
     reward_report,
     sample_record,
     sequential_rate,
+    speedup,
     summarize,
 )
 from nanopar.format import check_format
@@ -29,7 +31,7 @@ from nanopar.grading import gold_answer
 from nanopar.metrics import rollout_metrics
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
-from nanopar.prompts import build_prompt, stop_ids
+from nanopar.prompts import INSTRUCTIONS, NPR_INSTRUCTIONS, build_prompt, instructions_named, stop_ids
 from nanopar.rewards import response_text, score
 from nanopar.sampler import SamplerSettings
 from nanopar.tags import TagIds
@@ -123,29 +125,38 @@ class Scripted:
     """A stand-in for `sampler.sample` returning scripted responses, as the sampler would build them.
 
     `script` maps a problem's prompt ids to (text, finish) pairs, one per sample; "eos" appends EOS.
+    `wall_time` is every call's wall time, or a list of them, one per call in order.
     """
 
-    def __init__(self, tokenizer, script: dict[tuple, list[tuple[str, str]]], wall_time: float = 0.25):
+    def __init__(self, tokenizer, script: dict[tuple, list[tuple[str, str]]], wall_time: float | list = 0.25):
         self.tokenizer, self.script, self.wall_time, self.calls = tokenizer, script, wall_time, []
 
     def __call__(self, model, prompts, policy, settings, eos_ids, samples_per_prompt=1):
         tag_ids = policy.tag_ids
         self.calls.append({"prompts": prompts, "seed": settings.seed, "tag_ids": tag_ids,
                            "samples": samples_per_prompt})
+        wall_time = self.wall_time.pop(0) if isinstance(self.wall_time, list) else self.wall_time
         rollouts = []
         for prompt in prompts:
             for text, finish in self.script[tuple(prompt)][:samples_per_prompt]:
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
                 ids += [eos_ids[0]] if finish == "eos" else []
-                rollouts.append(text_rollout(prompt, ids, tag_ids or NO_TAGS, finish, self.wall_time))
+                rollouts.append(text_rollout(prompt, ids, tag_ids or NO_TAGS, finish, wall_time))
         return rollouts
 
 
-def scripted(monkeypatch, tokenizer, table: list[tuple], wall_time: float = 0.25) -> Scripted:
+# every prompt text a problem can be given (each set as real data and as the toy words it): the
+# script answers a problem the same whatever its instructions
+PROMPT_TEXTS = {instructions_named(name, data) for name in INSTRUCTIONS for data in ("", "toy:easy")} | {NPR_INSTRUCTIONS}
+
+
+def scripted(monkeypatch, tokenizer, table: list[tuple], wall_time: float | list = 0.25) -> Scripted:
     """Patch the sampler evaluation uses with `table` rows (problem, text, finish)."""
-    script: dict[tuple, list] = {}
+    rows: dict[int, tuple] = {}
     for problem, text, finish in table:
-        script.setdefault(tuple(build_prompt(problem, tokenizer, instructions="")), []).append((text, finish))
+        rows.setdefault(id(problem), (problem, []))[1].append((text, finish))
+    script = {tuple(build_prompt(problem, tokenizer, instructions=instructions)): answers
+              for problem, answers in rows.values() for instructions in PROMPT_TEXTS}
     fake = Scripted(tokenizer, script, wall_time)
     monkeypatch.setattr(evaluation, "sample", fake)
     return fake
@@ -279,6 +290,52 @@ def test_scripted_evaluation_records_and_summary(monkeypatch):
     assert s["truncation_rate"] == pytest.approx(2 / 9)
     assert s["acceleration"] == pytest.approx(sum(r["new_tokens"] for r in records) / sum(r["critical_path"] for r in records))
     assert s["acceleration"] > 1
+    assert s["answers_found"] == pytest.approx(7 / 9)  # the truncated toy path and "I do not know": none
+    assert [r["read_as"] for r in records[3:]] == ["final answer", "boxed", "final answer", "boxed", "final answer", None]
+    # the toy's checker reads its own format: no flexible reading there, so none for a set holding it
+    assert all(r["flexible_correct"] is None and r["flexible_read_as"] is None for r in records[:3])
+    assert [r["flexible_correct"] for r in records[3:]] == [r["correct"] for r in records[3:]]
+    assert s["accuracy_flexible"] is None and s["answers_found_flexible"] is None
+    assert summarize(records[3:])["accuracy_flexible"] == summarize(records[3:])["accuracy"] == pytest.approx(1 / 2)
+
+
+GSM_18, GSM_70000 = PROBLEMS["gsm8k:1"], PROBLEMS["gsm8k:3"]  # golds "... #### 18", "... #### 70000"
+# (problem, response, strict: correct, found; flexible: correct, read as): GSM8K-style answers
+FLEXIBLE_SCRIPT = [
+    (GSM_18, "Janet sells 16 - 3 - 4 = 9 eggs a day at $2 each.\n#### 18", (False, False), (True, "####")),
+    (GSM_18, "She makes 9 * 2 = 18 dollars.", (False, False), (True, "last number")),
+    (GSM_18, "She makes 9 * 2 = 18 dollars.\nFinal Answer: \\boxed{18}", (True, True), (True, "boxed")),
+    (GSM_18, "She makes $16.", (False, False), (False, "last number")),  # the maths is wrong
+    (GSM_70000, "The profit is $70,000.", (False, False), (True, "last number")),
+    (GSM_70000, "Final Answer: 7000", (False, True), (False, "final answer")),  # strict found it: the same
+    (GSM_70000, "<Parallel><Path>70,000</Path><Path>70,000</Path></Parallel><Summary>they agree</Summary>",
+     (False, False), (False, None)),  # numbers in paths only: no answer either way
+    (GSM_70000, "I am not sure.", (False, False), (False, None)),
+]
+
+
+def test_strict_and_flexible_readings_side_by_side(monkeypatch):
+    """GSM8K-style answers (#### N, a number in a sentence, $70,000): each record stores both
+    gradings, and the summary tells the format failures (flexible only) from the maths ones."""
+    tokenizer = toy_tokenizer()
+    scripted(monkeypatch, tokenizer, [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT])
+    records = evaluate(None, tokenizer, [GSM_18, GSM_70000], POLICY, SamplerSettings(), samples=4,
+                       instructions=instructions_named("answer"))
+    for record, (_, text, (correct, found), (flexible, how)) in zip(records, FLEXIBLE_SCRIPT):
+        assert record["response"] == text
+        assert (record["correct"], record["extracted"] is not None) == (correct, found)
+        assert (record["flexible_correct"], record["flexible_read_as"]) == (flexible, how)
+        assert (record["flexible_error"] == "no answer found") == (how is None)
+    assert [r["flexible_extracted"] for r in records] == ["18", "18", "18", "16", "70000", "7000", None, None]
+    s = summarize(records)
+    assert s["accuracy"] == pytest.approx((1 / 4 + 0 / 4) / 2)  # 12.5%: one boxed answer
+    assert s["accuracy_flexible"] == pytest.approx((3 / 4 + 1 / 4) / 2)  # 50%: three more read
+    assert s["answers_found"] == 2 / 8 and s["answers_found_flexible"] == 6 / 8
+    assert s["parse_failures"] == 6 / 8 and s["parse_failures_flexible"] == 2 / 8
+    again = json.loads(json.dumps(records))  # as read back from samples.jsonl: the same summary
+    assert summarize(again) == s
+    old = [{k: v for k, v in r.items() if not k.startswith("flexible")} for r in again]  # saved before
+    assert summarize(old)["accuracy_flexible"] is None and summarize(old)["accuracy"] == s["accuracy"]
 
 
 def test_a_grpo_step_and_an_evaluation_report_the_same_structure(monkeypatch):
@@ -318,6 +375,27 @@ def test_speed_helpers(monkeypatch):
     assert sequential["seconds"] == 1.0
     assert [c["tag_ids"] for c in fake.calls] == [None, None]  # no tags: nothing forks
     assert [(c["prompts"], c["seed"]) for c in fake.calls] == [(c["prompts"], c["seed"]) for c in evaluated]
+
+
+def test_speedup_takes_turns_and_keeps_the_best_round_of_each(monkeypatch):
+    """The evaluation's own call (1.0 s, cold) is not timed again; then parallel and sequential
+    take turns: 0.5, 0.8, 0.4, 0.9 s. The best of each (0.4, 0.8) make the speedup: 2.0 on the same
+    tokens. (Timing the evaluation's call against one sequential decode read 1.0 vs 0.5: 0.5x.)"""
+    tokenizer = toy_tokenizer()
+    fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT],
+                    wall_time=[1.0, 0.5, 0.8, 0.4, 0.9])
+    problems = [TOY, PROBLEMS["gsm8k:1"], PROBLEMS["aime24:1"]]
+    records = evaluate(None, tokenizer, problems, POLICY, SamplerSettings(seed=5), samples=3, batch_size=3)
+    assert forked(records) and forked(records, batches=1) and not forked(records, mode="causal")
+    pair = speedup(None, tokenizer, problems, POLICY, SamplerSettings(seed=5), samples=3, batch_size=3, repeats=2)
+    tokens = sum(r["new_tokens"] for r in records)
+    assert pair["parallel"] == {"tokens": tokens, "seconds": 0.4, "tokens_per_second": tokens / 0.4}
+    assert pair["sequential"] == {"tokens": tokens, "seconds": 0.8, "tokens_per_second": tokens / 0.8}
+    assert pair["speedup"] == pytest.approx(2.0)
+    assert [c["tag_ids"] is None for c in fake.calls] == [False, False, True, False, True]  # taking turns
+    assert len({(tuple(map(tuple, c["prompts"])), c["seed"]) for c in fake.calls}) == 1  # the same prompts and seed
+    nothing = [r for r in records if not r["paths_per_block"] or max(r["paths_per_block"]) < 2]
+    assert len(nothing) == 7 and not forked(nothing)  # one path is no fork
 
 
 def test_real_tiny_model_records_agree_with_the_sampler():

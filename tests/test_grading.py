@@ -1,17 +1,20 @@
-"""Answer grading (grading.py): extracting the answer, reading the gold answer, and grading one
-against the other, with failures counted rather than hidden.
+"""Answer grading (grading.py): extracting the answer (strict, and the flexible reading evaluation
+reports beside it), reading the gold answer, and grading one against the other, with failures
+counted rather than hidden.
 
 The gold answers below are copied from the shipped data sets (GSM8K test, MATH-500, AIME 2024);
 the tests never read the data files.
 """
 
+import random
 import threading
+import time
 
 import pytest
 
 from nanopar import NanoparError, grading
-from nanopar.data import Problem
-from nanopar.grading import Grade, extract_answer, gold_answer, grade
+from nanopar.data import Problem, load_problems
+from nanopar.grading import Grade, Reading, extract_answer, gold_answer, grade, has_flexible_reading, read_answer
 
 # ----------------------------------------------------------------------------- extraction
 
@@ -42,6 +45,71 @@ from nanopar.grading import Grade, extract_answer, gold_answer, grade
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+# (response, flexible answer, how it was read); the strict reading finds an answer only where
+# `how` is "boxed" or "final answer", and then it is the same one
+FLEXIBLE_TABLE = [
+    ("#### 42", "42", "####"),  # GSM8K's own convention
+    ("Natalia sold 48/2 = 24 clips in May.\nAltogether 48+24 = 72 clips.\n#### 72", "72", "####"),
+    ("#### $1,200.", "1,200", "####"),  # cleaned like a Final Answer line
+    ("so the answer is 42 apples.", "42", "last number"),
+    ("$1,200", "1200", "last number"),  # currency sign and thousands separator go
+    ("It costs $1,200 in total, i.e. 1200 dollars a year for 3 years", "3", "last number"),  # the last one
+    ("x = -7.5", "-7.5", "last number"),
+    ("5-7", "7", "last number"),  # a minus after a number is a subtraction
+    ("3/4 of the cake", "3/4", "last number"),
+    ("The answer is 42.", "42", "last number"),  # the full stop is not a decimal point
+    ("50% of them", "50", "last number"),
+    ("H2O and CO2", None, None),  # numbers inside words are none
+    ("12,5 and 1,2345", "2345", "last number"),  # no thousands separator there: separate numbers
+    # the strict reading first, when it finds anything: the flexible answer is the strict one
+    ("Final Answer: 5\nthen 7 more", "5", "final answer"),
+    (r"\boxed{3} and 4 more", "3", "boxed"),
+    ("#### 8\nFinal Answer: 9", "9", "final answer"),
+    # the branches (paths, plans, steps) hold attempts side by side: their numbers do not count
+    ("<Parallel><Path>9*2=18</Path><Path>16+1=17</Path></Parallel><Summary>they disagree</Summary>", None, None),
+    ("<Parallel><Path>9*2=18</Path><Path>9+9=18</Path></Parallel><Summary>both give 18</Summary> done", "18",
+     "last number"),
+    ("So 5 eggs. <Parallel><Path>maybe 6", "5", "last number"),  # cut off inside a path: before it
+    ("<guideline><plan>1: add 2</plan><plan>2: double</plan></guideline><step>1: 2+2=4</step>"
+     "<step>2: 2*2=4</step><takeaway>so 4 it is</takeaway>", "4", "last number"),
+    ("<guideline><plan>1: add</plan></guideline><step>1: 2+2=", None, None),  # NPR's labels are no answer
+    ("I do not know.", None, None),
+    ("", None, None),
+]
+
+
+@pytest.mark.parametrize("text, answer, how", FLEXIBLE_TABLE)
+def test_flexible_reading(text, answer, how):
+    assert read_answer(text, flexible=True) == Reading(answer, how)
+    assert extract_answer(text, flexible=True) == answer
+    strict = read_answer(text)
+    assert strict == (Reading(answer, how) if how in ("boxed", "final answer") else Reading(None, None))
+    assert extract_answer(text) == strict.answer  # the default reading is the strict one
+
+
+def test_the_readings_never_raise_and_stay_fast_on_any_text():
+    """Seeded random strings over the characters the readings look at, and degenerate outputs a
+    model writes when it loops; each must be read (strictly and flexibly) in well under a second."""
+    rng = random.Random(0)
+    alphabet = list("0123456789,.-$#/ \n{}%") + ["\\boxed{", "Final Answer:", "####", "<Path>", "</Path>",
+                                                 "<step>", "</step>", "<Summary>", "apples ", "\\"]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))) for _ in range(500)]
+    texts += [
+        "Final Answer: 18 " + "a" * 40 + "!",  # was exponential: ~50 s at 40 letters (the "18 dollars" rule)
+        "\\boxed{" * 3000,  # was quadratic: every unclosed box scanned to the end (7 s)
+        "\\boxed{" * 3000 + "5" + "}" * 3000,
+        "1" * 100_000, "-" * 10_000 + "1", "<Path>" * 5000, "#### " * 5000, "\x00\ud800",
+    ]
+    for text in texts:
+        started = time.perf_counter()
+        for flexible in (False, True):
+            found = read_answer(text, flexible)
+            assert found.answer is None or isinstance(found.answer, str)
+        assert time.perf_counter() - started < 1.0, text[:40]
+    assert read_answer("\\boxed{" * 3000 + "5" + "}" * 3000) == Reading("5", "boxed")
+    assert read_answer(None, flexible=True) == Reading(None, None)
 
 
 def test_gold_answer_formats():
@@ -153,6 +221,40 @@ def test_grade_reports_failures_instead_of_hiding_them(monkeypatch):
     assert slow == Grade(False, "2", "comparison timed out after 5s")
     monkeypatch.setattr(grading, "parse", timing_out)
     assert grade(r"\boxed{2}", Problem("t", "q", "2"), timeout_s=3).error.endswith("parse timed out after 3s")
+
+
+GSM_72 = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72"
+GSM_1200 = "She pays 3 * 400 = <<3*400=1200>>1200.\n#### 1,200"
+
+# (gold, response, strict: correct and error, flexible: correct and how it read)
+STRICT_AND_FLEXIBLE = [
+    (GSM_72, "Altogether 48+24 = 72 clips.\n#### 72", (False, "no answer found"), (True, "####")),
+    (GSM_72, "so the answer is 72 clips.", (False, "no answer found"), (True, "last number")),
+    (GSM_72, "so she sold 71 clips.", (False, "no answer found"), (False, "last number")),  # wrong maths
+    (GSM_72, r"48+24 = 72, so \boxed{72}", (True, None), (True, "boxed")),
+    (GSM_72, "Final Answer: 70\nor maybe 72", (False, None), (False, "final answer")),  # strict answer stands
+    (GSM_1200, "She pays $1,200.", (False, "no answer found"), (True, "last number")),
+    (GSM_1200, "I cannot tell.", (False, "no answer found"), (False, None)),
+]
+
+
+@pytest.mark.parametrize("gold, response, strict, flexible", STRICT_AND_FLEXIBLE)
+def test_grade_strict_and_flexible(gold, response, strict, flexible):
+    problem = Problem("gsm8k:t", "q", gold)
+    first, second = grade(response, problem), grade(response, problem, flexible=True)
+    assert (first.correct, first.error) == strict
+    assert (second.correct, second.how) == flexible
+    if second.how is None:
+        assert second == Grade(False, None, "no answer found")
+    assert first.how == (second.how if second.how in ("boxed", "final answer") else None)
+
+
+def test_a_checker_reads_its_own_format_flexible_or_not():
+    toy = load_problems("toy:easy:heldout", limit=1)[0]  # numbers 1 7 1 target 8
+    assert not has_flexible_reading(toy) and has_flexible_reading(Problem("g", "q", GSM_72))
+    for text in ("7+1=8vs8yes\nFinal Answer: (7+1)*1", "so (7+1)*1", "#### (7+1)*1"):
+        assert grade(text, toy, flexible=True) == grade(text, toy)
+    assert grade("#### (7+1)*1", toy) == Grade(False, None, "no answer found")
 
 
 def test_grade_refuses_a_timeout_off_the_main_thread():
