@@ -99,7 +99,7 @@ def apply_preset(config: TrainConfig, argv: list[str]) -> TrainConfig:
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
     config = apply_preset(parse_config(TrainConfig, argv, description=__doc__.split("\n")[0]), argv)
-    real = apply_model_defaults(config, argv)  # a real model's defaults for the flags not given
+    real = apply_model_defaults(config, argv, training=True)  # a real model's defaults for the flags not given
     console = Console()
     if real:
         console.print(f"[dim]{config.model} is a real model: its defaults for {', '.join(real)} "

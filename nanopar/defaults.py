@@ -59,15 +59,15 @@ def built_from_code(model: str) -> bool:
     return False
 
 
-def apply_model_defaults(config, argv: list[str], model: str | None = None) -> list[str]:
-    """Set the real model's defaults on the fields of `config` not given in `argv` when `model`
-    (default: config.model) is real. -> the fields it changed."""
-    model = config.model if model is None else model
+def apply_model_defaults(config, argv: list[str], training: bool = False) -> list[str]:
+    """Set a real model's defaults on the fields of `config` not given in `argv` when config.model
+    is real: the sampling ones, and with `training` (train.py) the run's. -> the fields it changed."""
+    model = config.model
     if not model or built_from_code(model):
         return []
     given = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
     changed = []
-    for field, value in (REAL_SAMPLING | REAL_TRAINING).items():
+    for field, value in (REAL_SAMPLING | (REAL_TRAINING if training else {})).items():
         if hasattr(config, field) and field not in given and getattr(config, field) != value:
             setattr(config, field, value)
             changed.append(field)

@@ -27,7 +27,7 @@ from nanopar.prompts import (
 )
 from nanopar.tags import NPR, PARALLEL_R1, TagIds, TagSchema
 
-ROWS = {"gsm8k": 1319, "gsm8k_train": 7473, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40}
+ROWS = {"gsm8k": 1319, "gsm8k_train": 7473, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40, "dapo": 17917}
 
 
 # --------------------------------------------------------------------------- shipped benchmarks
@@ -149,7 +149,7 @@ def test_missing_file_or_unknown_name(tmp_path):
         with pytest.raises(NanoparError) as error:
             load_problems(spec)
         assert one_line(error) == (
-            f"benchmark or file not found: {spec} (known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23)"
+            f"benchmark or file not found: {spec} (known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23, dapo)"
         )
     (tmp_path / "set.json").write_text("{}")
     with pytest.raises(NanoparError, match="unsupported file type"):

@@ -2,6 +2,7 @@
 a flag always wins, and the three scripts agree on sampling."""
 
 
+import eval as eval_script
 import sample
 from nanopar.config import parse_config
 from nanopar.curriculum import TrainConfig, recipe
@@ -10,7 +11,7 @@ from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, apply_model_defaults,
 
 def resolved(argv):
     config = parse_config(TrainConfig, argv)
-    apply_model_defaults(config, argv)
+    apply_model_defaults(config, argv, training=True)
     return config
 
 
@@ -32,8 +33,13 @@ def test_toy_and_tiny_models_keep_the_toy_defaults(tmp_path):
     assert not built_from_code(str(tmp_path))
 
 
-def test_sample_and_train_share_their_sampling_defaults():
-    toy = parse_config(sample.SampleConfig, ["--model", "toy:model"])
-    train_toy = resolved([])
+def test_the_three_scripts_share_their_sampling_defaults(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a local model folder
     fields = ("paths", "max_new_tokens", "max_path_tokens", "temperature")
-    assert {f: getattr(toy, f) for f in fields} == {f: getattr(train_toy, f) for f in fields}
+    for model in ("toy:model", str(tmp_path)):
+        configs = []
+        for kind in (sample.SampleConfig, eval_script.EvalConfig, TrainConfig):
+            config = parse_config(kind, ["--model", model])
+            apply_model_defaults(config, ["--model", model])
+            configs.append({f: getattr(config, f) for f in fields})
+        assert configs[0] == configs[1] == configs[2], model
