@@ -2,15 +2,18 @@
 
 GRPO and SFT both call `trace_logprobs`: sequences (prompt + response) are right-padded into a
 batch, `layout.build_layout` gives the structured or causal mask and positions (prompt read as
-plain text, exactly as the sampler prefilled it), and the policy's log-prob of every next token
-comes from `Policy.logprobs` (temperature, real vocabulary) — the same numbers the sampler
-recorded, because the sampler was handed the same `Policy`. Also the entropy of the policy at each position (the real one,
--sum p log p over the vocabulary, not the mean -log p of the chosen tokens).
+plain text, exactly as the sampler prefilled it), the model runs without its LM head, and the
+policy's log-prob of every next token that carries a weight comes from the final hidden states
+through `head.head_logprobs`, chunk by chunk, never the full [B, T, V] logits: the policy of
+`policy.policy_scores` (temperature, real vocabulary), the same numbers the sampler recorded,
+because the sampler was handed the same `Policy`. Also the entropy of the policy at each of those
+positions (the real one, -sum p log p over the vocabulary, not the mean -log p of the chosen tokens).
 
     sequence   p0 p1 p2 | r0 r1 r2          (| = end of prompt)
     targets       p1 p2 | r0 r1 r2          position t predicts token t + 1
     mask           0  0 | m0 m1 m2          m = 1 where the token was sampled (GRPO) / is response (SFT)
 
+Positions of weight 0 (prompt, padding, inserted tags) are not read: their log-prob is 0.
 Not here: losses (grpo.py, sft.py), optimisers.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .head import decoder_and_head, head_logprobs
 from .layout import build_layout, mask_dtype
 from .policy import Policy
 
@@ -63,19 +67,16 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
                       logged.to(device) if recorded is not None else None)
 
 
-def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False):
-    """Log-probs of each next token under the policy. -> ([B, T-1], entropy [B, T-1] or None)"""
+def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False, chunk: int | None = None):
+    """Log-probs under the policy of each next token that carries a weight (0 elsewhere), read
+    `chunk` positions at a time (head.py). -> ([B, T-1] float32, entropy [B, T-1] or None)"""
     layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
                           dtype=mask_dtype(model), path_stride=policy.path_stride)
-    logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
-                   position_ids=layout.position_ids).logits[:, :-1]  # [B, T-1, V]
-    logprobs = policy.logprobs(logits)  # [B, T-1, V']
-    chosen = logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    entropy = None
-    if with_entropy:  # only where a loss is taken: a full [B, T, V] pass costs as much as the loss
-        with torch.no_grad():
-            entropy = torch.zeros_like(chosen)  # [B, T-1]
-            where = batch.target_mask > 0
-            picked = logprobs[where]  # [n, V']
-            entropy[where] = -(picked.exp() * picked).sum(-1)
-    return chosen, entropy
+    decoder, head = decoder_and_head(model)
+    hidden = decoder(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
+                     position_ids=layout.position_ids, use_cache=False).last_hidden_state  # [B, T, d]
+    where = batch.target_mask > 0  # [B, T-1] the positions a loss or a metric reads
+    chosen, entropy = head_logprobs(hidden[:, :-1][where], batch.input_ids[:, 1:][where], head, policy.temperature,
+                                    policy.vocab_size, with_entropy, chunk)  # [n] each
+    spread = lambda values: torch.zeros(where.shape, device=where.device).masked_scatter(where, values)  # [B, T-1]
+    return spread(chosen), None if entropy is None else spread(entropy)

@@ -113,11 +113,11 @@ def test_inserted_tokens_and_prompts_get_no_gradient():
     assert any(not all(r.sampled) for r in rollouts)  # the premise: some tokens were inserted
     batch = make_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
                        [[float(s) for s in r.sampled] for r in rollouts], PAD)
-    captured = {}
-    model.lm_head.register_forward_hook(lambda m, a, out: captured.setdefault("logits", out).retain_grad())
+    captured = {}  # the final hidden states (the final norm is per position: only its own head read reaches it)
+    model.model.norm.register_forward_hook(lambda m, a, out: captured.setdefault("hidden", out).retain_grad())
     new, _ = trace_logprobs(model, batch, Policy(TAGS, "structured"))
     policy_loss(new, new.detach(), torch.ones(len(rollouts)), batch.target_mask, 1.0, 0.2).backward()
-    grad = captured["logits"].grad[:, :-1].abs().sum(-1)  # [B, T-1] gradient reaching each position
+    grad = captured["hidden"].grad[:, :-1].abs().sum(-1)  # [B, T-1] gradient reaching each position
     assert (grad[batch.target_mask == 0] == 0).all()
     assert (grad[batch.target_mask == 1] > 0).all()
 
