@@ -1,5 +1,6 @@
 """GRPO (grpo.py), SFT (sft.py) and the shared training forward against hand-written formulas."""
 
+import copy
 import statistics
 
 import pytest
@@ -247,3 +248,61 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     assert metrics["loss"] == by_hand["loss"] and metrics["grad_norm"] > 0
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
+
+
+def two_read_update(model, rollouts, advantages, policy, settings):
+    """grpo_update's on-policy step as it was before issue 13: a no-grad pi_old read of every
+    micro-batch, then the training read. -> (loss, {name: gradient})"""
+    from nanopar.grpo import rollout_batch
+
+    batch = rollout_batch(rollouts, PAD)
+    total = batch.target_mask.sum()
+    groups = [list(range(i, min(i + settings.micro_batch, len(batch)))) for i in range(0, len(batch), settings.micro_batch)]
+    model.train()
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        old = [trace_logprobs(model, batch.rows(slice(g[0], g[-1] + 1)), policy)[0] for g in groups]
+    loss_sum = 0.0
+    for g, before in zip(groups, old):
+        micro = batch.rows(slice(g[0], g[-1] + 1))
+        new, _ = trace_logprobs(model, micro, policy, with_entropy=True)
+        loss = policy_loss(new, before, advantages[g], micro.target_mask, total, settings.clip)
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def count_forwards(model) -> list:
+    """A list that grows by one at each forward of the model's decoder (its layers, norm: the
+    whole model but the LM head), however it is called."""
+    calls = []
+    model.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_an_on_policy_update_reads_each_micro_batch_once(monkeypatch):
+    """updates = 1: pi_old is the training read detached (ratio exactly 1), not a second forward:
+    one decoder pass per micro-batch instead of two, the same loss and gradients as the two-read
+    step, and the sampler-trainer gap still measured. updates = 2: pi_old read once, then one
+    read per update."""
+    import nanopar.grpo
+
+    model = tiny_qwen_model(vocab_size=V)
+    rollouts = structured_rollouts(model, seed=1, keep_bias=True)  # the policy that sampled them
+    advantages = torch.linspace(-1, 1, len(rollouts))
+    settings = GRPOSettings(micro_batch=3)
+    micro_batches = -(-len(rollouts) // 3)
+    twin = copy.deepcopy(model)
+    want_loss, want_grads = two_read_update(twin, rollouts, advantages, Policy(TAGS), settings)
+    grads = {}
+    monkeypatch.setattr(nanopar.grpo, "apply_gradients", lambda model, *_: grads.update(
+        {n: p.grad.clone() for n, p in model.named_parameters()}) or (0.0, False))
+    calls = count_forwards(model)
+    metrics = grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), settings, PAD)
+    assert len(calls) == micro_batches and micro_batches >= 3
+    assert metrics["loss"] == pytest.approx(want_loss, rel=1e-6) and metrics["logprob_gap"] < 1e-5
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-9)
+    calls.clear()
+    grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), GRPOSettings(micro_batch=3, updates=2), PAD)
+    assert len(calls) == 3 * micro_batches
