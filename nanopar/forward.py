@@ -13,8 +13,9 @@ positions (the real one, -sum p log p over the vocabulary, not the mean -log p o
     targets       p1 p2 | r0 r1 r2          position t predicts token t + 1
     mask           0  0 | m0 m1 m2          m = 1 where the token was sampled (GRPO) / is response (SFT)
 
-Positions of weight 0 (prompt, padding, inserted tags) are not read: their log-prob is 0.
-Not here: losses (grpo.py, sft.py), optimisers.
+Positions of weight 0 (prompt, padding, inserted tags) are not read: their log-prob is 0. A batch
+goes through in micro-batches (`micro_batches`): a number of rows, or rows sorted by length and
+packed under a token budget. Not here: losses (grpo.py, sft.py), optimisers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import NanoparError
 from .head import decoder_and_head, head_logprobs
 from .layout import build_layout, mask_dtype
 from .policy import Policy
@@ -39,12 +41,39 @@ class TokenBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def rows(self, index: slice) -> "TokenBatch":
-        """A micro-batch, trimmed to its longest row."""
-        T = int(self.attention_mask[index].sum(-1).max())
-        recorded = None if self.recorded is None else self.recorded[index, : T - 1]
-        return TokenBatch(self.input_ids[index, :T], self.attention_mask[index, :T],
-                          self.target_mask[index, : T - 1], self.prompt_lengths[index], recorded)
+    def rows(self, index: list[int]) -> "TokenBatch":
+        """A micro-batch of these rows, trimmed to its longest row."""
+        at = torch.tensor(index, device=self.input_ids.device)
+        T = int(self.attention_mask[at].sum(-1).max())
+        recorded = None if self.recorded is None else self.recorded[at, : T - 1]
+        return TokenBatch(self.input_ids[at, :T], self.attention_mask[at, :T], self.target_mask[at, : T - 1],
+                          [self.prompt_lengths[i] for i in index], recorded)
+
+    def lengths(self) -> list[int]:
+        """Tokens of each row (prompt + response)."""
+        return self.attention_mask.sum(-1).tolist()
+
+
+def micro_batches(lengths: list[int], rows: int, tokens: int = 0) -> list[list[int]]:
+    """The rows of each forward/backward: `rows` at a time in order (`tokens` = 0), or sorted by
+    length and packed so that rows x longest row <= `tokens` (a longer row goes alone).
+
+    >>> micro_batches([5, 9, 3, 4], rows=3)
+    [[0, 1, 2], [3]]
+    >>> micro_batches([5, 9, 3, 4], rows=3, tokens=12)
+    [[2, 3], [0], [1]]
+    """
+    if rows < 1 or tokens < 0:
+        raise NanoparError(f"a micro-batch needs rows >= 1 and a token budget >= 0, not {rows} and {tokens}")
+    if not tokens:
+        return [list(range(i, min(i + rows, len(lengths)))) for i in range(0, len(lengths), rows)]
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= tokens:  # sorted: row i is the longest so far
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: list[list[float]],
