@@ -72,11 +72,17 @@ class _HeadLogprobs(torch.autograd.Function):
         for start in range(0, n, chunk):
             span = slice(start, start + chunk)
             scores = policy_scores(head(hidden[span]), temperature, vocab_size)  # [c, V'] float32
-            lse[span] = torch.logsumexp(scores, -1)
-            chosen[span] = scores.gather(-1, targets[span, None]).squeeze(-1) - lse[span]
-            if with_entropy:  # -sum p log p; the logits are not needed again: in place
-                logp = scores.sub_(lse[span, None])  # [c, V']
-                entropy[span] = -logp.exp().mul_(logp).sum(-1)
+            top = scores.amax(-1, keepdim=True)  # [c, 1]
+            shifted = scores.sub_(top)  # [c, V'] in place: the logits are not needed again
+            picked = shifted.gather(-1, targets[span, None]).squeeze(-1)  # [c]
+            if with_entropy:  # -sum p log p = log Z - sum e * shifted / Z, e = exp(shifted), Z = sum e
+                e = shifted.exp()  # [c, V']
+                Z = e.sum(-1)  # [c]
+                entropy[span] = Z.log() - torch.linalg.vecdot(e, shifted) / Z
+            else:
+                Z = shifted.exp_().sum(-1)  # [c]
+            chosen[span] = picked - Z.log()
+            lse[span] = top.squeeze(-1) + Z.log()
         ctx.save_for_backward(hidden, targets, lse, *params)
         ctx.head, ctx.temperature, ctx.vocab_size, ctx.chunk = head, temperature, vocab_size, chunk
         ctx.mark_non_differentiable(entropy)
