@@ -10,8 +10,9 @@ vocabulary 0.6 GB each per 1,000 positions. Here the model runs without its head
     backward  per chunk: logits recomputed from h, overwritten in place by their gradient
               g * (onehot - softmax) / T, passed back through the head, freed
 
-so at most one chunk's [c, V] logits exist at a time, forward and backward; kept in between are
-h [n, d] and the logsumexp [n]. The price is one more head matmul per chunk (the recompute).
+so at most one chunk's [c, V] logits exist at a time, forward and backward (with a float32 buffer
+of their size: the exponentials for the entropy, or the copy of bf16 logits); kept in between
+are h [n, d] and the logsumexp [n]. The price is one more head matmul per chunk (the recompute).
 The head is called as the module it is, so its trainable parameters, whatever they are (the
 embedding it is tied to, peft's TrainableTokensWrapper and its tag rows, a LoRA on the head),
 are inputs of the autograd Function and get their gradients by autograd over each recomputed
@@ -29,7 +30,7 @@ import torch
 from . import NanoparError
 from .policy import policy_scores
 
-CHUNK_BYTES = 128 * 2**20  # float32 logits per chunk by default: 220 positions on Qwen's 151,936 rows
+CHUNK_BYTES = 128 * 2**20  # float32 logits per chunk by default: ~220 positions on Qwen's 151,936 rows
 
 
 def decoder_and_head(model):
