@@ -1,38 +1,49 @@
-"""Benchmark one GRPO step split into its parts; prints one table, the contestants taking turns.
+"""Benchmark one GRPO step split into its parts, the training read of before issue 13 beside today's.
 
-    python bench/train_step.py                      # about 3 minutes on a 2-core CPU
+    python bench/train_step.py                      # ~15 minutes on a busy 2-core CPU (load ~10)
     python bench/train_step.py --quick              # smaller sizes, a smoke run
+    python bench/train_step.py --no-long            # without the 8 x 1,024-token memory rows
     python bench/train_step.py --full-size 1.5b     # GPU only: a random Qwen2.5-1.5B, 4-bit + LoRA
+    python bench/train_step.py --help               # every flag (BenchConfig)
 
 One step as `runner.grpo_step` runs it: `sample` B prompts x G responses at temperature 1, random
-+-1 rewards -> `group_advantages`, then `grpo_update` *written out here part by part*, the same
-calls in the same order, micro-batch by micro-batch, each part timed directly:
-  sample              nanopar's sampler; a logit bias on three tag rows (a hook on the output
-                      embedding, removed for training) makes <Parallel>, </Path> and </Summary>
-                      likely, so forks happen; no EOS: every response spends its token budget
-  pi_old read         `rollout_batch` + the no-grad `trace_logprobs` pass grpo_update does first
-  KL reference read   the same pass inside `Reference.active()`: added only when kl_beta > 0
-  layout              `build_layout` alone (4D mask + positions): a share of each read above/below
-  forward+backward+opt  `trace_logprobs` (with entropy) + `policy_loss` + backward per micro-batch,
-                      then `apply_gradients` (clip, AdamW step): the rest of grpo_update, kl_beta 0
-  grpo_update         the library function itself (kl_beta 0) as a check: ~ pi_old read + train
-                      (not for the real vocabulary on CPU: 20 s more per round)
-Contestants: a ~1M-parameter tiny Qwen3 (2k vocabulary) in structured and in causal mode (the
-mode of the sampler and of the training forward), and a tiny Qwen3 with the real 151,936-token
-vocabulary (policy vocabulary 151,675 = Qwen's tokenizer + 6 tags, as in a real run); all float32,
-B = 4 prompts x G = 8 responses x 128 sampled tokens, micro-batch 8 (GRPOSettings' default).
++-1 rewards -> `group_advantages`, then the update *written out here part by part*, micro-batch
+by micro-batch, each part timed directly, on the same rollouts for both training reads:
+  full logits (before)  the read of nanopar before issue 13 (conftest.full_trace_logprobs, the
+                        tests' reference): the model's [rows, T, V] logits and their float32
+                        log-softmax; grpo_update as it was: a no-grad pi_old read of every
+                        micro-batch, then the training read
+  chunked (now)         forward.trace_logprobs: the decoder, then the LM head 220 positions at a
+                        time, recomputed in backward (head.py); on-policy pi_old is the training
+                        read detached, so there is no pi_old read
+The parts:
+  sample              nanopar's sampler (shared: both reads train on its rollouts); a logit bias
+                      on three tag rows (a hook on the output embedding, removed for training)
+                      makes <Parallel>, </Path> and </Summary> likely, so forks happen; no EOS:
+                      every response spends its token budget
+  pi_old read         before only: `rollout_batch` + the no-grad read of every micro-batch
+  no-grad read        the same read inside `Reference.active()`: the KL reference read (added to
+                      the step only when kl_beta > 0), and pi_old's read when updates > 1
+  layout              `build_layout` alone (4D mask + positions): a share of each read
+  forward+backward+opt  the read with entropy + `policy_loss` + backward per micro-batch, then
+                      `apply_gradients` (clip, AdamW step): the rest of the update, kl_beta 0
+  grpo_update         now only: the library function itself (kl_beta 0) as a check, ~ train
+                      (not for the real vocabulary on CPU)
+Contestants: a ~1M-parameter tiny Qwen3 (2k vocab) in structured and in causal mode, and a
+9.8M tiny Qwen3 with the real 151,936-token vocabulary (policy vocabulary 151,675 = Qwen's
+tokenizer + 6 tags, as in a real run); all float32, B = 4 prompts x G = 8 responses x 128
+sampled tokens, micro-batch 8 (GRPOSettings' default): rows of ~152 tokens. `--long` (on by
+default, CPU): the real vocabulary at B = 1 x G = 8 x 1,024 sampled tokens, one micro-batch of
+8 x ~1,040 tokens, one round, memory only; its full-logits read runs only where its memory,
+estimated from the 8 x 152 rows (linear in tokens), stays under half of the memory available.
 --full-size (GPU only): a randomly initialised model of Qwen2.5-0.5B's or 1.5B's shape (no
 download), reloaded 4-bit NF4, gradient checkpointing, LoRA r16 + tag rows (nanopar.model.apply_lora),
-bf16, B = 4 x G = 8 x 1,024 sampled tokens, micro-batch 2 (the [rows, T, 151,675] float32
-log-probs are the largest tensors of the step, 0.63 GB per row at T = 1,040, and there are several).
+bf16, B = 4 x G = 8 x 1,024 sampled tokens, micro-batch 2.
 The learning rate is 0: AdamW does all its work but the weights stay put, so every round samples
 the same (seeded) rollouts and times the same work. Each time is the best of 5 rounds (the real
-vocabulary: 2, its step takes ~45 s; --quick and --full-size: 1) after a warm-up round; every
-round runs one step of every contestant still racing, in turn. The load average is printed
-before and after: this is a shared machine, and a busy core slows torch's 2-thread CPU kernels
-far more than by half (its worker threads wait on each other).
-Tokens/s: sampling = response tokens written (sampled + inserted tags) per second; the reads and
-training = tokens the forward reads (prompt + response, padding excluded) per second.
+vocabulary: 2; --quick and --full-size: 1) after a warm-up round; every round runs one step of
+every contestant still racing, in turn. The load average is printed before and after: this is
+a shared machine, and a busy core slows torch's 2-thread CPU kernels far more than by half.
 Peak memory per part: on CPU the peak resident set of the process (psutil, sampled every 2 ms by
 a thread) minus the one at the start of the part, after freed heap pages are handed back to the
 system (glibc `malloc_trim`), measured in the untimed warm-up step; on a GPU
@@ -42,7 +53,6 @@ Not here: rewards (random numbers), data loading, logging, checkpoints.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import math
@@ -59,7 +69,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from nanopar.forward import trace_logprobs
+from nanopar.config import parse_config
+from nanopar.forward import micro_batches, trace_logprobs
 from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update, policy_loss, rollout_batch
 from nanopar.layout import build_layout, mask_dtype
 from nanopar.optim import apply_gradients, make_optimizer
@@ -69,7 +80,7 @@ from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import PAD, bias_logits  # noqa: E402  (the tests' logit-bias hook: one home for both)
+from conftest import PAD, bias_logits, full_trace_logprobs  # noqa: E402  (the tests' hook and reference read)
 
 MB = 2**20
 TAG_RATES = {"block_open": 0.03, "path_close": 0.05, "summary_close": 0.05}  # target p(tag) per step
@@ -78,6 +89,18 @@ QWEN25 = {  # the shapes of Qwen2.5-0.5B / 1.5B (their config.json), for --full-
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
 }
 REAL_VOCAB, REAL_TOKENIZER = 151936, 151669  # Qwen's embedding rows; its tokenizer before the tags
+BEFORE, NOW = "full logits (before)", "chunked (now)"
+
+
+@dataclass
+class BenchConfig:
+    quick: bool = False  # smaller sizes, one round: a smoke run
+    full_size: str = ""  # GPU only: "0.5b" or "1.5b", a random Qwen2.5 of that shape, 4-bit + LoRA ("" = the CPU contestants)
+    long: bool = True  # also the real vocabulary at 8 x 1,024 tokens: peak memory, one round (CPU contestants)
+    baseline: bool = True  # also the full-logits read of before issue 13, beside today's chunked one
+    micro_batch: int = 0  # rows per forward/backward (0 = 8; 2 with --full-size)
+    micro_batch_tokens: int = 0  # instead: rows sorted by length, packed so that rows x longest row <= this (0 = off)
+    chunk: int = 0  # positions per LM-head chunk of the chunked read (0 = head.CHUNK_BYTES: 220 on the real vocabulary)
 
 
 @dataclass
@@ -90,9 +113,9 @@ class Contestant:
     prompts: list[list[int]]  # B prompts
     group: int  # G: responses per prompt
     new_tokens: int  # sampled tokens per response
-    micro_batch: int  # rows per forward/backward
     rewards: torch.Tensor  # [B * G] fixed +-1 rewards
-    repeats: int = 2  # timed rounds (the best counts), after a warm-up round
+    reads: tuple[str, ...]  # BEFORE and/or NOW
+    repeats: int = 2  # timed rounds (the best counts), after a warm-up round; 0 = the warm-up only
     check: bool = True  # also time grpo_update itself in the timed rounds
 
     def __post_init__(self):
@@ -106,13 +129,13 @@ class Contestant:
         self.tag_bias = {getattr(self.tags, name): math.log(rate * self.vocab_size) for name, rate in TAG_RATES.items()}
 
 
-def tiny_contestant(name, mode, vocab, tokenizer_vocab, args, device, repeats, check, **shape):
+def tiny_contestant(name, mode, vocab, tokenizer_vocab, reads, repeats, check, prompts, group, new_tokens, device,
+                    **shape):
     model = tiny_qwen_model(vocab_size=vocab, **shape).to(device)
     name = f"{name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M), {mode}"
     tags = TagIds(*range(tokenizer_vocab, tokenizer_vocab + 6))  # the tags end the policy vocabulary
-    return Contestant(name, model, mode, tags, tokenizer_vocab + 6, make_prompts(args.prompts, tags),
-                      args.group, args.new_tokens, args.micro_batch, make_rewards(args.prompts * args.group),
-                      1 if args.quick else repeats, check)
+    return Contestant(name, model, mode, tags, tokenizer_vocab + 6, make_prompts(prompts, tags), group, new_tokens,
+                      make_rewards(prompts * group), reads, repeats, check)
 
 
 def make_prompts(batch, tags: TagIds, length=16, seed=0):
@@ -184,132 +207,169 @@ class Clock:
 
 
 # --- one step --------------------------------------------------------------------------------
-def grpo_step(c: Contestant, clock: Clock, check: bool = True) -> dict:
-    """One GRPO step of `c`, part by part through `clock`, then (`check`) grpo_update itself on
-    the same rollouts. -> sizes for the table"""
+def grpo_step(c: Contestant, config: BenchConfig, clocks: dict[str, Clock], check: bool, skip: set) -> dict:
+    """One GRPO step of `c`: sampled once, then the update part by part with each training read
+    (`clocks[read]`; the full-logits read leaves out the parts in `skip`), then (`check`) grpo_update itself on the
+    same rollouts. -> sizes for the table"""
     model = c.model
     policy = Policy(c.tags, c.mode, 1.0, c.vocab_size)
     settings = SamplerSettings(max_new_tokens=c.new_tokens, seed=0)
     hook = bias_logits(model, c.tag_bias)
+    first = clocks[c.reads[0]]
     try:
-        rollouts = clock("sample", lambda: sample(model, c.prompts, policy, settings, eos_ids=[],
+        rollouts = first("sample", lambda: sample(model, c.prompts, policy, settings, eos_ids=[],
                                                   samples_per_prompt=c.group))
     finally:
         hook.remove()
     advantages = group_advantages(c.rewards, c.group)  # [B * G]
-    grpo = GRPOSettings(micro_batch=c.micro_batch)  # kl_beta 0, one update: on-policy
-    slices = [slice(i, i + grpo.micro_batch) for i in range(0, len(rollouts), grpo.micro_batch)]
-    model.train()
-
-    @torch.no_grad()
-    def no_grad_read(batch):
-        return [trace_logprobs(model, batch.rows(s), policy)[0] for s in slices]  # [b, T-1] each
-
-    def old_read():
-        batch = rollout_batch(rollouts, PAD, model.device)
-        return batch, no_grad_read(batch)
-
-    batch, old = clock("old", old_read)
-
-    def reference_read():
-        with c.reference.active():
-            return no_grad_read(batch)
-
-    clock("ref", reference_read)
-    dtype = mask_dtype(model)
-    clock("layout", lambda: [build_layout(batch.rows(s).input_ids, c.tags, c.mode, batch.rows(s).attention_mask,
-                                          batch.rows(s).prompt_lengths, dtype) for s in slices])
+    grpo = GRPOSettings(micro_batch=config.micro_batch, micro_batch_tokens=config.micro_batch_tokens)  # kl 0, on-policy
+    batch = rollout_batch(rollouts, PAD, model.device)
+    groups = micro_batches(batch.lengths(), grpo.micro_batch, grpo.micro_batch_tokens)
+    micros = [batch.rows(rows) for rows in groups]
     total = batch.target_mask.sum().clamp(min=1)  # sampled tokens in the whole batch
     adv = advantages.to(model.device)
+    dtype = mask_dtype(model)
+    first("layout", lambda: [build_layout(m.input_ids, c.tags, c.mode, m.attention_mask, m.prompt_lengths, dtype)
+                             for m in micros])
+    model.train()
+    for read in c.reads:
+        clock, left_out = clocks[read], skip if read == BEFORE else set()
+        if read != c.reads[0]:
+            clock.seconds["sample"], clock.seconds["layout"] = first.seconds["sample"], first.seconds["layout"]
+        fn = full_trace_logprobs if read == BEFORE else lambda *a, **k: trace_logprobs(*a, chunk=config.chunk or None, **k)
 
-    def train():
-        c.optimizer.zero_grad(set_to_none=True)
-        for j, s in enumerate(slices):
-            micro = batch.rows(s)
-            new, entropy = trace_logprobs(model, micro, policy, with_entropy=True)  # [b, T-1] each
-            loss = policy_loss(new, old[j], adv[s], micro.target_mask, total, grpo.clip)
-            loss.backward()
-            loss.item()  # grpo_update logs the loss and the entropy: each a sync
-            (entropy * micro.target_mask).sum().item()
-        apply_gradients(model, c.optimizer, grpo.max_grad_norm)
+        @torch.no_grad()
+        def no_grad_read():
+            return [fn(model, m, policy)[0] for m in micros]  # [b, T-1] each
 
-    clock("train", train)
-    if check:
-        clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, policy, grpo, PAD))
-    widths = [batch.rows(s).input_ids.shape[1] for s in slices]
+        def reference_read():
+            with c.reference.active():
+                return no_grad_read()
+
+        old = clock("old", lambda: (rollout_batch(rollouts, PAD, model.device), no_grad_read())[1]) \
+            if read == BEFORE and "old" not in left_out else None
+        if "ref" not in left_out:
+            clock("ref", reference_read)
+
+        def train():
+            c.optimizer.zero_grad(set_to_none=True)
+            for j, (rows, micro) in enumerate(zip(groups, micros)):
+                new, entropy = fn(model, micro, policy, with_entropy=True)  # [b, T-1] each
+                before = new.detach() if old is None else old[j]
+                loss = policy_loss(new, before, adv[rows], micro.target_mask, total, grpo.clip)
+                loss.backward()
+                loss.item()  # grpo_update logs the loss, the entropy and the gap: each a sync
+                (entropy * micro.target_mask).sum().item()
+                ((before - micro.recorded) * micro.target_mask).abs().sum().item()
+            apply_gradients(model, c.optimizer, grpo.max_grad_norm)
+
+        if "train" not in left_out:
+            clock("train", train)
+        if check and read == NOW:
+            clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, policy, grpo, PAD))
+    widths = [m.input_ids.shape[1] for m in micros]
     return dict(
         responses=len(rollouts), new_tokens=sum(r.stats.new_tokens for r in rollouts),
         forks=sum(r.stats.forks for r in rollouts), cache_mb=rollouts[0].stats.peak_cache_bytes / MB,
         read_tokens=int(batch.attention_mask.sum()), trained=int(batch.target_mask.sum()),
-        micro=len(slices), T=max(widths), mask_mb=max(len(batch.rows(s)) * w * w for s, w in zip(slices, widths))
-        * torch.finfo(dtype).bits / 8 / MB,
+        micro=len(micros), rows=max(len(g) for g in groups), T=max(widths),
+        mask_mb=max(len(m) * w * w for m, w in zip(micros, widths)) * torch.finfo(dtype).bits / 8 / MB,
     )
 
 
-def race(contestants, device):
-    """Best seconds of every part of every contestant over its `repeats` rounds after a warm-up
-    round; each round runs one step of every contestant still racing, in turn. Peak memory is
-    measured in the warm-up round (its times are thrown away: on CPU the watching thread costs
-    time), and on a GPU in every round. grpo_update itself runs in the timed rounds only."""
-    best = [dict() for _ in contestants]
-    peaks = [dict() for _ in contestants]
+def race(contestants, config: BenchConfig, device, skips: dict[int, set]):
+    """Best seconds of every part of every contestant and read over its `repeats` rounds after a
+    warm-up round; each round runs one step of every contestant still racing, in turn. Peak
+    memory is measured in the warm-up round (its times are thrown away unless `repeats` is 0:
+    on CPU the watching thread costs time), and on a GPU in every round."""
+    best = [{read: {} for read in c.reads} for c in contestants]
+    peaks = [{read: {} for read in c.reads} for c in contestants]
     sizes = [None] * len(contestants)
     for round in range(max(c.repeats for c in contestants) + 1):
         for i, c in enumerate(contestants):
             if round > c.repeats:
                 continue
-            clock = Clock(device, memory=round == 0)
-            sizes[i] = grpo_step(c, clock, check=c.check and round > 0)
-            for part, mb in clock.peak_mb.items():
-                peaks[i][part] = max(peaks[i].get(part, 0.0), mb)
-            for part, seconds in clock.seconds.items():
-                best[i][part] = min(best[i].get(part, math.inf), seconds) if round else math.inf
+            clocks = {read: Clock(device, memory=round == 0) for read in c.reads}
+            sizes[i] = grpo_step(c, config, clocks, c.check and round > 0, skips.get(i, set()))
+            for read, clock in clocks.items():
+                for part, mb in clock.peak_mb.items():
+                    peaks[i][read][part] = max(peaks[i][read].get(part, 0.0), mb)
+                for part, seconds in clock.seconds.items():
+                    counted = seconds if round or not c.repeats else math.inf
+                    best[i][read][part] = min(best[i][read].get(part, math.inf), counted)
     return best, peaks, sizes
 
 
 # --- the table -------------------------------------------------------------------------------
-def add_rows(table, c: Contestant, best, peak, size):
-    step = best["sample"] + best["old"] + best["train"]  # kl_beta 0
-    rate = lambda key, tokens: f"{tokens / best[key]:,.0f}"
-    read = size["read_tokens"]
-    rows = [  # (part key, label, tokens/s, note)
-        ("sample", "sample", rate("sample", size["new_tokens"]),
+def add_rows(table, c: Contestant, best, peak, size, config: BenchConfig, note: str = ""):
+    """One block of rows: each part under each read, and the ratios now / before."""
+    cell = lambda read, part, what: ("—" if read not in best or part not in best[read] or best[read][part] == math.inf
+                                     else f"{best[read][part]:.3f}" if what == "s"
+                                     else f"{peak[read][part]:,.0f}" if part in peak[read] else "-")
+
+    def ratio(part_before, part_now):  # time before / now, memory now / before
+        if BEFORE not in best or NOW not in best or part_now not in best[NOW] or part_before not in best[BEFORE]:
+            return "", ""
+        t0, t1 = best[BEFORE][part_before], best[NOW][part_now]
+        speed = f"{t0 / t1:.2f}x" if math.isfinite(t0) and math.isfinite(t1) and t1 > 0 else ""
+        m0, m1 = peak[BEFORE].get(part_before), peak[NOW].get(part_now)
+        return speed, (f"{100 * m1 / m0:.0f}%" if m0 and m1 is not None else "")
+
+    read_tokens = size["read_tokens"]
+    micro = (f"micro-batches of {config.micro_batch} rows" if not config.micro_batch_tokens
+             else f"micro-batches packed under {config.micro_batch_tokens:,} tokens")
+    rows = [  # (label, part before, part now, note)
+        ("sample (shared)", "sample", None,
          f"{size['responses']} x {c.new_tokens} sampled = {size['new_tokens']:,} tokens with tags; "
          f"{size['forks']} fork(s); KV {size['cache_mb']:.1f} MB"),
-        ("old", "pi_old read (no grad)", rate("old", read),
-         f"{read:,} tokens read, {size['micro']} micro-batch(es), longest row {size['T']}"),
-        ("ref", "KL reference read (kl>0)", rate("ref", read), "the same inside Reference.active()"),
-        ("layout", "  layout (in each read)", "", f"4D mask: {size['mask_mb']:.2f} MB per micro-batch"),
-        ("train", "forward+backward+opt", rate("train", read),
-         f"{size['trained']:,} sampled tokens in the loss, micro-batch {c.micro_batch}"),
+        ("π_old read (no grad)", "old", None, "now none: π_old is the training read, detached"),
+        ("no-grad read (KL ref)", "ref", "ref",
+         f"also π_old's when updates > 1; {read_tokens:,} tokens read, {size['micro']} {micro}, "
+         f"longest row {size['T']}"),
+        ("  layout (in each read)", "layout", None, f"4D mask: {size['mask_mb']:.2f} MB per micro-batch"),
+        ("forward+backward+opt", "train", "train", f"{size['trained']:,} sampled tokens in the loss"),
+        ("grpo_update (check)", None, "grpo_update", "the library function, kl 0: ~ the train row"),
     ]
-    if "grpo_update" in best:
-        rows.append(("grpo_update", "grpo_update (kl 0)", rate("grpo_update", read),
-                     f"check: pi_old read + train = {best['old'] + best['train']:.3f} s"))
-    for i, (key, label, tokens_per_second, note) in enumerate(rows):
-        share = f"{100 * best[key] / step:.0f}%" if key in ("sample", "old", "ref", "train") else ""
-        table.add_row(c.name if i == 0 else "", label, f"{best[key]:.3f}", share, tokens_per_second,
-                      f"{peak[key]:,.0f}" if key in peak else "-", note)
-    table.add_row("", "step, kl 0 (kl > 0)", f"{step:.3f} ({step + best['ref']:.3f})", "100%", "",
-                  f"{max(peak.values()):,.0f}" if peak else "",
-                  f"sample + pi_old + train (+ ref); best of {c.repeats} after a warm-up",
+    for i, (label, part_before, part_now, row_note) in enumerate(rows):
+        shared = part_now is None and part_before in ("sample", "layout")
+        now_part = part_before if shared else part_now
+        if (part_before is None or part_before not in best.get(BEFORE, {}) or best[BEFORE][part_before] == math.inf) \
+                and (now_part is None or now_part not in best.get(NOW, {})):
+            continue
+        speed, memory = ratio(part_before, part_now) if part_before and part_now else ("", "")
+        table.add_row(c.name if i == 0 else "", label,
+                      cell(BEFORE, part_before, "s") if part_before else "", cell(BEFORE, part_before, "mb") if part_before else "",
+                      cell(NOW, now_part, "s") if now_part and not shared else ("same" if shared else "—"),
+                      cell(NOW, now_part, "mb") if now_part and not shared else "",
+                      speed, memory, row_note)
+    steps = {}
+    for read, parts in best.items():
+        if all(p in parts and math.isfinite(parts[p]) for p in ("sample", "train")):
+            step = parts["sample"] + parts["train"] + parts.get("old", 0.0)
+            steps[read] = (step, step + parts["ref"] if "ref" in parts else math.nan)
+    cells = {read: f"{s:.3f} ({k:.3f})" for read, (s, k) in steps.items()}
+    peak_of = {read: f"{max(peak[read].values()):,.0f}" if peak[read] else "" for read in steps}
+    speed = f"{steps[BEFORE][0] / steps[NOW][0]:.2f}x" if len(steps) == 2 else ""
+    table.add_row("", "step, kl 0 (kl > 0)", cells.get(BEFORE, ""), peak_of.get(BEFORE, ""), cells.get(NOW, ""),
+                  peak_of.get(NOW, ""), speed, "",
+                  note or f"sample + (π_old) + train (+ no-grad read); best of {c.repeats} after a warm-up",
                   end_section=True)
 
 
-def full_size_contestant(size, args, device):
+def full_size_contestant(size, config: BenchConfig, device):
     """A randomly initialised model of Qwen2.5-`size`'s shape, saved and reloaded 4-bit NF4 as
     `load_model` does it, gradient checkpointing on, LoRA (+ tag rows) through `apply_lora`."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from nanopar.model import ModelSettings, _model_kwargs, apply_lora, disable_bnb_cpu_repack, resolve_device_and_dtype
 
-    config = Qwen2Config(**QWEN25[size], num_key_value_heads=2, vocab_size=REAL_VOCAB, tie_word_embeddings=True,
-                         max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
+    hf_config = Qwen2Config(**QWEN25[size], num_key_value_heads=2, vocab_size=REAL_VOCAB, tie_word_embeddings=True,
+                            max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
     settings = ModelSettings("random", device=device.type, load_in_4bit=True, lora=True, gradient_checkpointing=True)
     device_name, dtype = resolve_device_and_dtype(settings)
     with tempfile.TemporaryDirectory(prefix="nanopar-bench-") as folder:  # ~1 / 3 GB in bf16
         with torch.device(device):
-            AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder)
+            AutoModelForCausalLM.from_config(hf_config, dtype=dtype).save_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, **_model_kwargs(settings, device_name, dtype))
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the bf16 model that was saved
@@ -318,45 +378,77 @@ def full_size_contestant(size, args, device):
     tags = TagIds(*range(REAL_TOKENIZER, REAL_TOKENIZER + 6))  # where Qwen's tokenizer puts them
     model = apply_lora(model, settings, tags)
     name = f"Qwen2.5-{size.upper()} shape, random, 4-bit + LoRA r{settings.lora_rank}, structured"
-    return Contestant(name, model, "structured", tags, REAL_TOKENIZER + 6, make_prompts(args.prompts, tags),
-                      args.group, args.new_tokens, args.micro_batch, make_rewards(args.prompts * args.group), 1)
+    reads = (BEFORE, NOW) if config.baseline else (NOW,)
+    return Contestant(name, model, "structured", tags, REAL_TOKENIZER + 6, make_prompts(4, tags), 8, 1024,
+                      make_rewards(4 * 8), reads, 1)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, one round: a smoke run")
-    parser.add_argument("--full-size", choices=sorted(QWEN25), help="GPU only: a random full-size Qwen2.5, 4-bit + LoRA")
-    parser.add_argument("--micro-batch", type=int, default=None, help="rows per forward/backward (8; 2 with --full-size)")
-    args = parser.parse_args()
+def long_plan(short_peaks: dict, short_tokens: int, long_tokens: int) -> tuple[set, str]:
+    """Which parts of the full-logits read the 8 x 1,024 step leaves out: those whose memory,
+    scaled linearly in tokens from the 8 x 152 step, exceeds half of the memory available now.
+    -> (skipped parts, a note)"""
+    available = psutil.virtual_memory().available / MB
+    skipped, notes = set(), []
+    for part, label in (("old", "π_old read"), ("ref", "no-grad read"), ("train", "training pass")):
+        need = short_peaks.get(part, math.inf) * long_tokens / short_tokens
+        if need > available / 2:
+            skipped.add(part)
+            notes.append(f"{label} needs ~{need / 1024:.1f} GB")
+    note = (f"full logits skipped where they would not fit: {', '.join(notes)} (scaled from 8 x 152), "
+            f"{available / 1024:.1f} GB available" if skipped else "")
+    return skipped, note
+
+
+def main(argv: list[str] | None = None):
+    config = parse_config(BenchConfig, argv, description=__doc__.splitlines()[0])
+    if config.full_size and config.full_size not in QWEN25:
+        raise SystemExit(f"bench/train_step.py: unknown --full-size {config.full_size!r}: use {' or '.join(QWEN25)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.full_size and device.type != "cuda":
+    if config.full_size and device.type != "cuda":
         raise SystemExit("bench/train_step.py: --full-size needs a CUDA GPU (4-bit bitsandbytes + LoRA at full size); torch sees none")
-    args.prompts, args.group = (2, 4) if args.quick else (4, 8)  # B, G
-    args.new_tokens = 1024 if args.full_size else 32 if args.quick else 128
-    args.micro_batch = args.micro_batch or (2 if args.full_size else 8)
+    config.micro_batch = config.micro_batch or (2 if config.full_size else 8)
+    prompts, group = (2, 4) if config.quick else (4, 8)  # B, G
+    new_tokens = 32 if config.quick else 128
+    reads = (BEFORE, NOW) if config.baseline else (NOW,)
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    console = Console(width=200)
+    console = Console(width=240)
     console.print(f"device: {device.type} ({where}); load average before: {os.getloadavg()[0]:.2f}")
     torch.manual_seed(0)
-    if args.full_size:
-        contestants = [full_size_contestant(args.full_size, args, device)]
+    if config.full_size:
+        contestants = [full_size_contestant(config.full_size, config, device)]
     else:
         small = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
+        real = dict(hidden_size=64, num_layers=2)
+        rounds = lambda n: 1 if config.quick else n
+        shared = dict(prompts=prompts, group=group, new_tokens=new_tokens, device=device)
         contestants = [
-            tiny_contestant("1M params, 2k vocab", "structured", 2048, 2042, args, device, 5, True, **small),
-            tiny_contestant("1M params, 2k vocab", "causal", 2048, 2042, args, device, 5, True, **small),
-            # a step takes ~45 s on a 2-core CPU: best of 2, and grpo_update not timed again (+20 s)
-            tiny_contestant("real 151,936 vocab", "structured", REAL_VOCAB, REAL_TOKENIZER, args, device, 2, False,
-                            hidden_size=64, num_layers=2),
+            tiny_contestant("1M params, 2k vocab", "structured", 2048, 2042, reads, rounds(5), True, **shared, **small),
+            tiny_contestant("1M params, 2k vocab", "causal", 2048, 2042, reads, rounds(5), True, **shared, **small),
+            # a step takes ~25 s on a 2-core CPU: best of 2, and grpo_update not timed again
+            tiny_contestant("real 151,936 vocab", "structured", REAL_VOCAB, REAL_TOKENIZER, reads, rounds(2), False,
+                            **shared, **real),
         ]
-    best, peaks, sizes = race(contestants, device)
+    best, peaks, sizes = race(contestants, config, device, {})
     memory_label = "peak MB (cuda max allocated)" if device.type == "cuda" else "peak MB (RSS rise)"
-    table = Table(title=f"one GRPO step, part by part ({where}, B={args.prompts} x G={args.group}, "
-                        f"{args.new_tokens} new tokens{', quick' if args.quick else ''})")
-    for column in ("model", "part", "seconds", "% of step", "tokens/s", memory_label, "note"):
-        table.add_column(column)
+    table = Table(title=f"one GRPO step, part by part ({where}, B={prompts} x G={group}, "
+                        f"{new_tokens} new tokens{', quick' if config.quick else ''})")
+    for column in ("model", "part", "before: s", "before: MB", "now: s", "now: MB", "speed-up", "MB now/before",
+                   "note"):
+        table.add_column(column, overflow="fold")
+    table.caption = (f"before = {BEFORE}, the read of before issue 13; now = {NOW}, head.py; MB = {memory_label}; "
+                     "speed-up = before / now seconds")
     for c, b, p, s in zip(contestants, best, peaks, sizes):
-        add_rows(table, c, b, p, s)
+        add_rows(table, c, b, p, s, config)
+    if config.long and not config.full_size and device.type == "cpu":
+        short_tokens = sizes[-1]["rows"] * sizes[-1]["T"]
+        long_tokens = config.micro_batch * (16 + (64 if config.quick else 1024) + 16)  # ~ rows x (prompt + response)
+        skipped, note = long_plan(peaks[-1].get(BEFORE, {}), short_tokens, long_tokens) if config.baseline else (set(), "")
+        long = tiny_contestant(f"real 151,936 vocab, {64 if config.quick else 1024} new tokens", "structured", REAL_VOCAB, REAL_TOKENIZER, reads, 0,
+                               False, 1, config.micro_batch, 64 if config.quick else 1024, device, **real)
+        console.print(f"the 8 x 1,024 step; {note or 'every part of both reads fits'}; load average {os.getloadavg()[0]:.2f}")
+        long_best, long_peaks, long_sizes = race([long], config, device, {0: {"old", "ref", "train"} & skipped})
+        add_rows(table, long, long_best[0], long_peaks[0], long_sizes[0], config,
+                 note or "one round: times measured with the memory watcher on")
     console.print(table)
     console.print(f"load average after: {os.getloadavg()[0]:.2f}")
 

@@ -122,6 +122,7 @@ class TrainConfig(SamplerSettings):
     clip: float = 0.2  # PPO clip range (updates > 1 only)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
     micro_batch: int = 16  # rows per forward/backward; real model: 4
+    micro_batch_tokens: int = 0  # instead of --micro-batch rows: rows sorted by length, packed so that rows x longest row <= this (0 = off); GRPO and SFT
     max_grad_norm: float = 1.0  # gradient clipping
     # bookkeeping
     checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)

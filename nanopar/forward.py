@@ -2,16 +2,20 @@
 
 GRPO and SFT both call `trace_logprobs`: sequences (prompt + response) are right-padded into a
 batch, `layout.build_layout` gives the structured or causal mask and positions (prompt read as
-plain text, exactly as the sampler prefilled it), and the policy's log-prob of every next token
-comes from `Policy.logprobs` (temperature, real vocabulary) — the same numbers the sampler
-recorded, because the sampler was handed the same `Policy`. Also the entropy of the policy at each position (the real one,
--sum p log p over the vocabulary, not the mean -log p of the chosen tokens).
+plain text, exactly as the sampler prefilled it), the model runs without its LM head, and the
+policy's log-prob of every next token that carries a weight comes from the final hidden states
+through `head.head_logprobs`, chunk by chunk, never the full [B, T, V] logits: the policy of
+`policy.policy_scores` (temperature, real vocabulary), the same numbers the sampler recorded,
+because the sampler was handed the same `Policy`. Also the entropy of the policy at each of those
+positions (the real one, -sum p log p over the vocabulary, not the mean -log p of the chosen tokens).
 
     sequence   p0 p1 p2 | r0 r1 r2          (| = end of prompt)
     targets       p1 p2 | r0 r1 r2          position t predicts token t + 1
     mask           0  0 | m0 m1 m2          m = 1 where the token was sampled (GRPO) / is response (SFT)
 
-Not here: losses (grpo.py, sft.py), optimisers.
+Positions of weight 0 (prompt, padding, inserted tags) are not read: their log-prob is 0. A batch
+goes through in micro-batches (`micro_batches`): a number of rows, or rows sorted by length and
+packed under a token budget. Not here: losses (grpo.py, sft.py), optimisers.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import NanoparError
+from .head import decoder_and_head, head_logprobs
 from .layout import build_layout, mask_dtype
 from .policy import Policy
 
@@ -35,12 +41,39 @@ class TokenBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def rows(self, index: slice) -> "TokenBatch":
-        """A micro-batch, trimmed to its longest row."""
-        T = int(self.attention_mask[index].sum(-1).max())
-        recorded = None if self.recorded is None else self.recorded[index, : T - 1]
-        return TokenBatch(self.input_ids[index, :T], self.attention_mask[index, :T],
-                          self.target_mask[index, : T - 1], self.prompt_lengths[index], recorded)
+    def rows(self, index: list[int]) -> "TokenBatch":
+        """A micro-batch of these rows, trimmed to its longest row."""
+        at = torch.tensor(index, device=self.input_ids.device)
+        T = int(self.attention_mask[at].sum(-1).max())
+        recorded = None if self.recorded is None else self.recorded[at, : T - 1]
+        return TokenBatch(self.input_ids[at, :T], self.attention_mask[at, :T], self.target_mask[at, : T - 1],
+                          [self.prompt_lengths[i] for i in index], recorded)
+
+    def lengths(self) -> list[int]:
+        """Tokens of each row (prompt + response)."""
+        return self.attention_mask.sum(-1).tolist()
+
+
+def micro_batches(lengths: list[int], rows: int, tokens: int = 0) -> list[list[int]]:
+    """The rows of each forward/backward: `rows` at a time in order (`tokens` = 0), or sorted by
+    length and packed so that rows x longest row <= `tokens` (a longer row goes alone).
+
+    >>> micro_batches([5, 9, 3, 4], rows=3)
+    [[0, 1, 2], [3]]
+    >>> micro_batches([5, 9, 3, 4], rows=3, tokens=12)
+    [[2, 3], [0], [1]]
+    """
+    if rows < 1 or tokens < 0:
+        raise NanoparError(f"a micro-batch needs rows >= 1 and a token budget >= 0, not {rows} and {tokens}")
+    if not tokens:
+        return [list(range(i, min(i + rows, len(lengths)))) for i in range(0, len(lengths), rows)]
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= tokens:  # sorted: row i is the longest so far
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: list[list[float]],
@@ -63,19 +96,16 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
                       logged.to(device) if recorded is not None else None)
 
 
-def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False):
-    """Log-probs of each next token under the policy. -> ([B, T-1], entropy [B, T-1] or None)"""
+def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False, chunk: int | None = None):
+    """Log-probs under the policy of each next token that carries a weight (0 elsewhere), read
+    `chunk` positions at a time (head.py). -> ([B, T-1] float32, entropy [B, T-1] or None)"""
     layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
                           dtype=mask_dtype(model), path_stride=policy.path_stride)
-    logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
-                   position_ids=layout.position_ids).logits[:, :-1]  # [B, T-1, V]
-    logprobs = policy.logprobs(logits)  # [B, T-1, V']
-    chosen = logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    entropy = None
-    if with_entropy:  # only where a loss is taken: a full [B, T, V] pass costs as much as the loss
-        with torch.no_grad():
-            entropy = torch.zeros_like(chosen)  # [B, T-1]
-            where = batch.target_mask > 0
-            picked = logprobs[where]  # [n, V']
-            entropy[where] = -(picked.exp() * picked).sum(-1)
-    return chosen, entropy
+    decoder, head = decoder_and_head(model)
+    hidden = decoder(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
+                     position_ids=layout.position_ids, use_cache=False).last_hidden_state  # [B, T, d]
+    where = batch.target_mask > 0  # [B, T-1] the positions a loss or a metric reads
+    chosen, entropy = head_logprobs(hidden[:, :-1][where], batch.input_ids[:, 1:][where], head, policy.temperature,
+                                    policy.vocab_size, with_entropy, chunk)  # [n] each
+    spread = lambda values: torch.zeros(where.shape, device=where.device).masked_scatter(where, values)  # [B, T-1]
+    return spread(chosen), None if entropy is None else spread(entropy)

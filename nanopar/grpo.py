@@ -11,14 +11,16 @@
     summed and divided by the number of sampled tokens in the whole rollout batch, before it is
     cut into micro-batches, so a long response weighs as much per token as a short one;
   - on-policy by default: one update per batch, so the ratio pi/pi_old is exactly 1 and the
-    loss is plain -A * log pi (its gradient is the policy gradient); with `updates > 1` the
-    PPO-style clipped ratio applies (pi_old = the policy before the first update);
+    loss is plain -A * log pi (its gradient is the policy gradient): pi_old is the training
+    read itself, detached, not a second forward; with `updates > 1` the PPO-style clipped ratio
+    applies (pi_old = the policy before the first update, read once);
   - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
     exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
     (after SFT: the SFT adapter, not the base model; see `Reference`);
   - PAPO's rule (NPR) as a switch: rollouts that are not valid parallel traces are dropped
     *before* the advantages, so means and stds are over the kept rollouts only;
-  - gradient accumulation over micro-batches, gradient-norm clipping, a non-finite step skipped.
+  - gradient accumulation over micro-batches (a number of rows, or rows packed under a token
+    budget), gradient-norm clipping, a non-finite step skipped.
 Not here: how the sampler or a reward works (sampler.py, rewards.py), the optimiser's
 construction (optim.py), which problems a step takes, logging and checkpoints (runner.py).
 """
@@ -33,7 +35,7 @@ import torch
 
 from . import NanoparError
 from .data import Problem
-from .forward import TokenBatch, make_batch, trace_logprobs
+from .forward import TokenBatch, make_batch, micro_batches, trace_logprobs
 from .metrics import rollout_metrics
 from .optim import apply_gradients
 from .policy import Policy
@@ -51,6 +53,7 @@ class GRPOSettings:
     clip: float = 0.2  # PPO clip range of the ratio (matters only when updates > 1)
     kl_beta: float = 0.0  # weight of the KL to the reference policy (0 = no reference)
     micro_batch: int = 8  # rows per forward/backward (gradient accumulation over them)
+    micro_batch_tokens: int = 0  # instead: rows sorted by length, packed so that rows x longest row <= this (0 = off)
     max_grad_norm: float = 1.0  # clip the gradient norm to this (0 = no clipping)
 
 
@@ -79,6 +82,7 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
         "reward_spec": reward, "dropped_invalid": len(rollouts) - len(keep),
         "sample_seconds": sampled - started, "train_seconds": trained - sampled,
         "tokens_per_second": tokens / max(sampled - started, 1e-9),
+        "kv_cache_mb": max(r.stats.peak_cache_bytes for r in rollouts) / 2**20,  # the sampler's batched cache
     }
 
 
@@ -175,31 +179,31 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
     batch = rollout_batch(rollouts, pad_id, device)
     advantages = advantages.to(device)  # [N]
     total = batch.target_mask.sum().clamp(min=1)  # sampled tokens in the whole batch
-    slices = [slice(i, i + settings.micro_batch) for i in range(0, len(batch), settings.micro_batch)]
+    groups = micro_batches(batch.lengths(), settings.micro_batch, settings.micro_batch_tokens)
+    micros = [batch.rows(rows) for rows in groups]
     model.train()
-    with torch.no_grad():  # pi_old (and the reference), once, before any update
-        old = [trace_logprobs(model, batch.rows(s), policy)[0] for s in slices]  # [b, T-1] each
+    with torch.no_grad():  # pi_old (only off-policy: on-policy it is the training read) and the reference, once
+        old = [trace_logprobs(model, micro, policy)[0] for micro in micros] if settings.updates > 1 else None
         ref = None
         if reference is not None and settings.kl_beta > 0:
             with reference.active():
-                ref = [trace_logprobs(model, batch.rows(s), policy)[0] for s in slices]
-    metrics = {}
-    for _ in range(settings.updates):
+                ref = [trace_logprobs(model, micro, policy)[0] for micro in micros]
+    metrics, gap = {}, 0.0
+    for update in range(settings.updates):
         optimizer.zero_grad(set_to_none=True)
         loss_sum, entropy_sum = 0.0, 0.0
-        for j, s in enumerate(slices):
-            micro = batch.rows(s)
+        for j, (rows, micro) in enumerate(zip(groups, micros)):
             new, entropy = trace_logprobs(model, micro, policy, with_entropy=True)  # [b, T-1] each
-            loss = policy_loss(new, old[j], advantages[s], micro.target_mask, total, settings.clip,
+            before = new.detach() if old is None else old[j]  # [b, T-1] pi_old
+            loss = policy_loss(new, before, advantages[rows], micro.target_mask, total, settings.clip,
                                None if ref is None else ref[j], settings.kl_beta)
             loss.backward()
             loss_sum += loss.item()
             entropy_sum += (entropy * micro.target_mask).sum().item()
+            if update == 0:  # how far the trainer's reading is from the sampler's log-probs (~0 on-policy in fp32)
+                gap += ((before - micro.recorded) * micro.target_mask).abs().sum().item()
         norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler)
         metrics = {"loss": loss_sum, "grad_norm": norm, "skipped_step": skipped,
                    "entropy": entropy_sum / total.item()}
-    # how far the trainer's reading is from the sampler's log-probs (~0 on-policy in fp32)
-    gap = sum(((o - batch.rows(s).recorded) * batch.rows(s).target_mask).abs().sum().item()
-              for s, o in zip(slices, old))
     metrics["logprob_gap"] = gap / total.item()
     return metrics

@@ -57,12 +57,19 @@ class Policy:
 
 def policy_logprobs(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
     """log softmax(logits / T) over the real vocabulary. [..., V] -> [..., vocab_size], float32."""
+    return torch.log_softmax(policy_scores(logits, temperature, vocab_size), dim=-1)
+
+
+def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
+    """logits / T over the real vocabulary, the policy's log-probs before normalisation; T = 0
+    (greedy) reads at T = 1. [..., V] -> [..., vocab_size], float32: a view of `logits` when
+    they are float32 at T = 0 or 1, else a new tensor."""
     if vocab_size is not None and vocab_size < logits.shape[-1]:
         logits = logits[..., :vocab_size]  # (a slice costs a full copy in backward: only when needed)
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1)
+    return logits
 
 
 def draw(

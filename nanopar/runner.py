@@ -93,7 +93,7 @@ class Runner:
                         started = time.perf_counter()
                         metrics = sft_step(model, optimizer, [p for p, _ in batch], [r for _, r in batch], policy,
                                            tokenizer.pad_token_id or 0, config.micro_batch, config.max_grad_norm,
-                                           scheduler)
+                                           scheduler, config.micro_batch_tokens)
                         metrics["train_seconds"] = time.perf_counter() - started
                     else:
                         batch = self.batch_of_step(problems, config.prompts_per_step, stage, step)
@@ -299,6 +299,7 @@ class Runner:
         return GRPOSettings(group_size=config.group_size, drop_invalid=stage.drop_invalid,
                             advantage=stage.advantage or config.advantage, updates=config.updates, clip=config.clip,
                             kl_beta=config.kl_beta, micro_batch=config.micro_batch,
+                            micro_batch_tokens=config.micro_batch_tokens,
                             max_grad_norm=config.max_grad_norm)
 
     def prompt(self, problem: Problem, tokenizer, stage: Stage, instructions: str | None = None) -> list[int]:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from .forward import make_batch, trace_logprobs
+from .forward import make_batch, micro_batches, trace_logprobs
 from .optim import apply_gradients
 from .policy import Policy
 
 
 def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[int]], policy: Policy, pad_id: int,
-             micro_batch: int = 8, max_grad_norm: float = 1.0, scheduler=None) -> dict:
-    """One optimiser step on a batch of (prompt ids, response ids). -> metrics"""
+             micro_batch: int = 8, max_grad_norm: float = 1.0, scheduler=None, micro_batch_tokens: int = 0) -> dict:
+    """One optimiser step on a batch of (prompt ids, response ids); micro-batches of `micro_batch`
+    rows, or packed under `micro_batch_tokens` (forward.micro_batches). -> metrics"""
     device = next(model.parameters()).device
     policy = dataclasses.replace(policy, temperature=1.0)
     # shortest rows first: each micro-batch is trimmed to its own longest row (less padding); the
@@ -32,8 +33,8 @@ def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[in
     total = batch.target_mask.sum().clamp(min=1)  # response tokens in the whole batch
     model.train()
     loss_sum = 0.0
-    for start in range(0, len(batch), micro_batch):
-        micro = batch.rows(slice(start, start + micro_batch))
+    for rows in micro_batches(batch.lengths(), micro_batch, micro_batch_tokens):
+        micro = batch.rows(rows)
         logprobs, _ = trace_logprobs(model, micro, policy)  # [b, T-1]
         loss = -(logprobs * micro.target_mask).sum() / total  # []
         loss.backward()

@@ -1,5 +1,6 @@
 """What the tests share: the tiny models' tag world, a tag-biased tiny model, an independent
-log-prob read, the offline Qwen tokenizer, stand-in rollouts, and helpers for whole runs.
+log-prob read, the full-logits training read (the reference of the chunked one), the offline
+Qwen tokenizer, stand-in rollouts, and helpers for whole runs.
 
 Plain names, imported where used (`from conftest import TAGS, tag_biased_model`): pytest puts
 tests/ on sys.path (bench/train_step.py adds it itself). Fixtures, found by name: `qwen_tokenizer`
@@ -24,6 +25,7 @@ from transformers import AutoTokenizer
 
 from nanopar import NanoparError, rewards
 from nanopar.data import read_jsonl
+from nanopar.layout import build_layout, mask_dtype
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import policy_logprobs
 from nanopar.sampler import Rollout, RolloutStats
@@ -63,6 +65,31 @@ def bias_logits(model, bias: dict[int, float]):
     return model.get_output_embeddings().register_forward_hook(add)
 
 
+def next_token_bias(model, table: torch.Tensor):
+    """Add `table[fed]` ([V] logits) at every position whose input token is `fed`, in the sampler's
+    forwards and the trainer's chunked read alike. That read runs the decoder, then hands the LM
+    head only the positions it reads, chunk by chunk, so a hook on the whole model would not see
+    it: a hook on the decoder files each position's bias under its final hidden state, and one on
+    the head adds it to the row of that hidden state. -> the two hooks' handles"""
+    by_state = {}  # the bytes of a final hidden state -> the bias of its position
+
+    def record(module, args, kwargs, out):
+        hidden = out.last_hidden_state.detach()
+        by_state.clear()
+        by_state.update(zip(map(_row_key, hidden.reshape(-1, hidden.shape[-1])), table[kwargs["input_ids"].flatten()]))
+
+    def add(module, args, out):  # out [..., V]
+        rows = args[0].detach().reshape(-1, args[0].shape[-1])
+        return out + torch.stack([by_state[_row_key(row)] for row in rows]).reshape(out.shape).to(out)
+
+    return (model.get_decoder().register_forward_hook(record, with_kwargs=True),
+            model.get_output_embeddings().register_forward_hook(add))
+
+
+def _row_key(row: torch.Tensor) -> bytes:
+    return row.cpu().numpy().tobytes()
+
+
 def tag_biased_model(tag_bias=0.0, eos_bias=0.0, arch="qwen3", seed=0):
     """A tiny model; a bias on the tag (and EOS) logits makes structure likely at T = 1."""
     model = tiny_qwen_model(arch=arch, vocab_size=V, seed=seed)
@@ -84,6 +111,26 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     """The policy log-prob of each token, read independently of the trainer's forward.
     logits [..., V], tokens [...] -> [...]."""
     return policy_logprobs(logits, temperature, vocab_size).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def full_trace_logprobs(model, batch, policy, with_entropy: bool = False):
+    """The training read as nanopar did it before issue 13, the reference of `forward.trace_logprobs`
+    (tests and bench/train_step.py): the model's full [B, T, V] logits, their float32 log-softmax,
+    then the chosen tokens; the entropy where target_mask > 0. -> ([B, T-1], entropy [B, T-1] or None)"""
+    layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
+                          dtype=mask_dtype(model), path_stride=policy.path_stride)
+    logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
+                   position_ids=layout.position_ids).logits[:, :-1]  # [B, T-1, V]
+    logprobs = policy.logprobs(logits)  # [B, T-1, V']
+    chosen = logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = torch.zeros_like(chosen)  # [B, T-1]
+            where = batch.target_mask > 0
+            picked = logprobs[where]  # [n, V']
+            entropy[where] = -(picked.exp() * picked).sum(-1)
+    return chosen, entropy
 
 
 # ---------------------------------------------------------------- the real Qwen tokenizer, offline

@@ -1,17 +1,24 @@
-"""Every script's --help: it prints (a "%" in a field comment once crashed argparse) and lists
-every field of the script's config with its comment."""
+"""Every script's --help (bench/train_step.py's too): it prints (a "%" in a field comment once
+crashed argparse) and lists every field of the script's config with its comment."""
 
 import dataclasses
+import importlib.util
+import sys
 
 import pytest
 
 import eval as eval_script
 import sample
 import train
+from conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("train_step_bench", ROOT / "bench" / "train_step.py")
+bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # (dataclasses look their module up)
+_spec.loader.exec_module(bench)
 
 
 @pytest.mark.parametrize("script, config", [(train, train.TrainConfig), (sample, sample.SampleConfig),
-                                            (eval_script, eval_script.EvalConfig)])
+                                            (eval_script, eval_script.EvalConfig), (bench, bench.BenchConfig)])
 def test_help_lists_every_flag(script, config, capsys):
     with pytest.raises(SystemExit) as exit:
         script.main(["--help"])

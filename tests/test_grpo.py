@@ -1,5 +1,6 @@
 """GRPO (grpo.py), SFT (sft.py) and the shared training forward against hand-written formulas."""
 
+import copy
 import statistics
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import PAD, TAGS, V, bias_logits, load_char_model
+from nanopar import NanoparError
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update, policy_loss
 from nanopar.optim import make_optimizer
@@ -113,11 +115,11 @@ def test_inserted_tokens_and_prompts_get_no_gradient():
     assert any(not all(r.sampled) for r in rollouts)  # the premise: some tokens were inserted
     batch = make_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
                        [[float(s) for s in r.sampled] for r in rollouts], PAD)
-    captured = {}
-    model.lm_head.register_forward_hook(lambda m, a, out: captured.setdefault("logits", out).retain_grad())
+    captured = {}  # the final hidden states (the final norm is per position: only its own head read reaches it)
+    model.model.norm.register_forward_hook(lambda m, a, out: captured.setdefault("hidden", out).retain_grad())
     new, _ = trace_logprobs(model, batch, Policy(TAGS, "structured"))
     policy_loss(new, new.detach(), torch.ones(len(rollouts)), batch.target_mask, 1.0, 0.2).backward()
-    grad = captured["logits"].grad[:, :-1].abs().sum(-1)  # [B, T-1] gradient reaching each position
+    grad = captured["hidden"].grad[:, :-1].abs().sum(-1)  # [B, T-1] gradient reaching each position
     assert (grad[batch.target_mask == 0] == 0).all()
     assert (grad[batch.target_mask == 1] > 0).all()
 
@@ -247,3 +249,112 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     assert metrics["loss"] == by_hand["loss"] and metrics["grad_norm"] > 0
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
+
+
+def two_read_update(model, rollouts, advantages, policy, settings):
+    """grpo_update's on-policy step as it was before issue 13: a no-grad pi_old read of every
+    micro-batch, then the training read. -> (loss, {name: gradient})"""
+    from nanopar.grpo import rollout_batch
+
+    batch = rollout_batch(rollouts, PAD)
+    total = batch.target_mask.sum()
+    groups = [list(range(i, min(i + settings.micro_batch, len(batch)))) for i in range(0, len(batch), settings.micro_batch)]
+    model.train()
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        old = [trace_logprobs(model, batch.rows(g), policy)[0] for g in groups]
+    loss_sum = 0.0
+    for g, before in zip(groups, old):
+        micro = batch.rows(g)
+        new, _ = trace_logprobs(model, micro, policy, with_entropy=True)
+        loss = policy_loss(new, before, advantages[g], micro.target_mask, total, settings.clip)
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def count_forwards(model) -> list:
+    """A list that grows by one at each forward of the model's decoder (its layers, norm: the
+    whole model but the LM head), however it is called."""
+    calls = []
+    model.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_an_on_policy_update_reads_each_micro_batch_once(monkeypatch):
+    """updates = 1: pi_old is the training read detached (ratio exactly 1), not a second forward:
+    one decoder pass per micro-batch instead of two, the same loss and gradients as the two-read
+    step, and the sampler-trainer gap still measured. updates = 2: pi_old read once, then one
+    read per update."""
+    import nanopar.grpo
+
+    model = tiny_qwen_model(vocab_size=V)
+    rollouts = structured_rollouts(model, seed=1, keep_bias=True)  # the policy that sampled them
+    advantages = torch.linspace(-1, 1, len(rollouts))
+    settings = GRPOSettings(micro_batch=3)
+    micro_batches = -(-len(rollouts) // 3)
+    twin = copy.deepcopy(model)
+    want_loss, want_grads = two_read_update(twin, rollouts, advantages, Policy(TAGS), settings)
+    grads = {}
+    monkeypatch.setattr(nanopar.grpo, "apply_gradients", lambda model, *_: grads.update(
+        {n: p.grad.clone() for n, p in model.named_parameters()}) or (0.0, False))
+    calls = count_forwards(model)
+    metrics = grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), settings, PAD)
+    assert len(calls) == micro_batches and micro_batches >= 3
+    assert metrics["loss"] == pytest.approx(want_loss, rel=1e-6) and metrics["logprob_gap"] < 1e-5
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-9)
+    calls.clear()
+    grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), GRPOSettings(micro_batch=3, updates=2), PAD)
+    assert len(calls) == 3 * micro_batches
+
+
+def test_micro_batches_by_a_token_budget_give_the_gradient_of_one_big_batch(monkeypatch):
+    """--micro-batch-tokens: rows sorted by length and packed under the budget; the loss is still
+    divided by the tokens of the whole batch (GRPO) / of every response (SFT), so the gradient is
+    the one of a single batch of every row."""
+    import nanopar.grpo
+    import nanopar.sft
+    from nanopar.forward import micro_batches
+
+    model = tiny_qwen_model(vocab_size=V)
+    rollouts = structured_rollouts(model, seed=2, keep_bias=True)
+    lengths = [len(r.prompt_ids) + len(r.ids) for r in rollouts]
+    budget = 2 * max(lengths) + 1
+    groups = micro_batches(lengths, 1, budget)
+    assert 1 < len(groups) < len(rollouts) and sorted(sum(groups, [])) == list(range(len(rollouts)))
+    assert all(len(g) * max(lengths[i] for i in g) <= budget for g in groups)
+    assert micro_batches([3, 50, 4], 1, 10) == [[0, 2], [1]]  # a row longer than the budget goes alone
+    with pytest.raises(NanoparError, match="a micro-batch needs rows >= 1"):
+        micro_batches(lengths, 0)
+    grads = []
+
+    def record(model, *_):  # apply_gradients: the gradients kept, cleared
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        model.zero_grad(set_to_none=True)
+        return 0.0, False
+
+    monkeypatch.setattr(nanopar.grpo, "apply_gradients", record)
+    monkeypatch.setattr(nanopar.sft, "apply_gradients", record)
+    advantages = torch.linspace(-1, 1, len(rollouts))
+    calls = count_forwards(model)
+    for settings in (GRPOSettings(micro_batch=len(rollouts)), GRPOSettings(micro_batch_tokens=budget)):
+        grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), settings, PAD)
+    prompts, responses = [r.prompt_ids for r in rollouts], [r.ids for r in rollouts]
+    for rows, tokens in ((len(rollouts), 0), (1, budget)):
+        sft_step(model, make_optimizer(model, lr=0.0)[0], prompts, responses, Policy(TAGS), PAD, micro_batch=rows, micro_batch_tokens=tokens)
+    assert len(calls) == 2 * (1 + len(groups))
+    for one, packed in (grads[:2], grads[2:]):
+        for name, grad in one.items():
+            torch.testing.assert_close(packed[name], grad, rtol=1e-5, atol=1e-8)
+
+
+def test_micro_batch_tokens_is_a_flag_that_reaches_grpo_and_sft():
+    from nanopar.config import parse_config
+    from nanopar.curriculum import TrainConfig, recipe
+    from nanopar.runner import Runner
+
+    config = parse_config(TrainConfig, ["--micro-batch-tokens", "4096"])
+    stages = recipe(config)
+    settings = Runner(config, stages).grpo_settings(next(s for s in stages if s.kind == "grpo"))
+    assert settings.micro_batch_tokens == 4096 == config.micro_batch_tokens

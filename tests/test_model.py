@@ -217,6 +217,31 @@ def test_4bit_lora_gradients_are_the_same_before_and_after_a_no_grad_forward(arc
         torch.testing.assert_close(after[name], before[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_4bit_lora_chunked_read_gives_the_full_reads_gradients(qwen_folders):
+    """The training read runs a peft model's base decoder (4-bit layers, LoRA inside) and applies
+    its head (the tied TrainableTokensWrapper) chunk by chunk: every LoRA matrix and the tag rows
+    get the gradient of the full-logits read, on Qwen's real vocabulary."""
+    from conftest import full_trace_logprobs
+    from nanopar.forward import make_batch, trace_logprobs
+    from nanopar.policy import Policy
+
+    model, tokenizer = load_model(ModelSettings(qwen_folders["qwen2"], load_in_4bit=True, lora=True))
+    perturb_trainable(model)
+    ids = tokenizer.encode(TEXT)
+    batch = make_batch([ids[:4]], [ids[4:]], [[1.0] * len(ids[4:])], pad_id=0)
+    policy = Policy.of(tokenizer, "structured", temperature=0.8)
+    grads = {}
+    for name, read in (("chunked", lambda *a: trace_logprobs(*a, chunk=5)), ("full", full_trace_logprobs)):
+        model.train().zero_grad(set_to_none=True)
+        logprobs, _ = read(model, batch, policy)
+        (logprobs * batch.target_mask).sum().backward()
+        grads[name] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert grads["chunked"].keys() == grads["full"].keys() and any("trainable_tokens" in n for n in grads["full"])
+    for name, grad in grads["full"].items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(grads["chunked"][name], grad, rtol=1e-5, atol=1e-5 * grad.abs().max().item(), msg=name)
+
+
 @pytest.mark.skipif(not has_avx512bf16(), reason="the bitsandbytes repack bug needs AVX512-BF16")
 @pytest.mark.filterwarnings("ignore:.*an autograd kernel was not registered:UserWarning")
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

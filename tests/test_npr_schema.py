@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import EOS, NPR_TAGS, PAD, V, bias_logits
+from conftest import EOS, NPR_TAGS, PAD, V, bias_logits, next_token_bias
 from nanopar.format import check_format, check_parallel, check_tag_sequence, check_well_formed
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.layout import build_layout, structured_roles
@@ -190,17 +190,13 @@ def test_the_takeaway_sees_every_step_and_steps_never_see_siblings(model, stride
 # ------------------------------------------------------------------ a tiny model that writes NPR rounds at T = 1
 
 
-def next_token_bias(model, rules: dict[tuple[int, int], float]):
-    """Add `rules[(fed, next)]` to the logit of `next` wherever `fed` is the input token (a hook on
-    the whole model: the sampler's one-token steps and the trainer's full forward agree)."""
+def follow_rules(model, rules: dict[tuple[int, int], float]):
+    """Add `rules[(fed, next)]` to the logit of `next` wherever `fed` is the input token
+    (conftest.next_token_bias: the sampler's one-token steps and the trainer's read agree)."""
     table = torch.zeros(V, V)
     for (fed, following), bias in rules.items():
         table[fed, following] = bias
-
-    def add(module, args, kwargs, out):
-        out.logits = out.logits + table[kwargs["input_ids"][:, -out.logits.shape[1]:]]
-
-    model.register_forward_hook(add, with_kwargs=True)
+    next_token_bias(model, table)
     return model
 
 
@@ -220,7 +216,7 @@ def npr_writer(arch="qwen3", seed=0, causal=False):
         rules |= {(word, ST_): 5.0}
     if causal:
         rules |= {(G_, ST): 8.0, (ST_, ST): 5.0, (ST_, TK): 5.0}
-    return next_token_bias(model, rules)
+    return follow_rules(model, rules)
 
 
 def coverage(rollouts, settings):

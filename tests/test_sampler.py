@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import A, A_, EOS, P, P_, S, S_, TAGS, V, bias_logits, load_char_model, tag_biased_model, token_logprobs
+from conftest import A, A_, EOS, P, P_, S, S_, TAGS, V, bias_logits, load_char_model, next_token_bias, tag_biased_model, token_logprobs
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.layout import build_layout
 from nanopar.policy import Policy
@@ -89,13 +89,12 @@ def test_structured_training_forward_reproduces_every_sampled_logprob(structured
 
 
 def follow_bias(model, rules: dict[tuple[int, int], float]):
-    """Add `rules[(previous, next)]` to the logit of `next` after the token `previous` (a hook on
-    the whole model: the sampler and a full-sequence forward see the same bias)."""
+    """Add `rules[(previous, next)]` to the logit of `next` after the token `previous`
+    (conftest.next_token_bias: the sampler and the trainer's read see the same bias)."""
     table = torch.zeros(V, V)
     for (previous, following), bias in rules.items():
         table[previous, following] = bias
-    add = lambda module, args, kwargs, out: setattr(out, "logits", out.logits + table[kwargs["input_ids"]])
-    model.register_forward_hook(add, with_kwargs=True)
+    next_token_bias(model, table)
     return model
 
 

@@ -239,7 +239,8 @@ def test_a_reward_file_adds_a_reward_selectable_by_name(tmp_path, registry):
 
 
 def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path):
-    args = ["--out", str(tmp_path), *SMALL, "--baseline", "--pretrain-steps", "1", "--checkpoint-every", "0"]
+    args = ["--out", str(tmp_path), *SMALL, "--baseline", "--pretrain-steps", "1", "--checkpoint-every", "0",
+            "--micro-batch-tokens", "300"]  # SFT and GRPO micro-batches packed by a token budget
     train.main(args)
     config = train.parse_config(train.TrainConfig, args)
     stages = train.recipe(config)
@@ -250,6 +251,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     assert runner.input_model(stages[5]) == str(tmp_path / "5-baseline-rl-easy" / "final")
     log = read_metrics(tmp_path)
     assert {r["reward_spec"]["accuracy"] for r in log if r.get("stage", "").startswith("baseline") and "step" in r} == {1.0}
+    assert all(r["kv_cache_mb"] > 0 for r in log if "reward_spec" in r)  # every GRPO step logs the sampler's cache
     evaluated = [r["stage"] for r in log if r.get("event") == "eval"]
     assert evaluated == names  # once each, in order
     for stage, folder in zip(stages, sorted(tmp_path.glob("[0-9]-*"))):

@@ -1,0 +1,216 @@
+"""The chunked training read (head.py, forward.trace_logprobs) against the full-logits read it
+replaced (conftest.full_trace_logprobs): log-probs, entropy, loss and every gradient, on Qwen's
+real 151,936-row vocabulary (cut to the policy's), structured and causal, through grpo_update and
+sft_step, and with LoRA + trainable tag rows on a tied and an untied head."""
+
+import copy
+
+import pytest
+import torch
+
+import nanopar.grpo
+import nanopar.sft
+from conftest import PAD, full_trace_logprobs, load_char_model, text_rollout
+from nanopar import NanoparError
+from nanopar.forward import make_batch, trace_logprobs
+from nanopar.grpo import GRPOSettings, Reference, grpo_update
+from nanopar.head import head_logprobs
+from nanopar.model import ModelSettings, load_model
+from nanopar.policy import Policy, policy_logprobs
+from nanopar.sft import sft_step
+from nanopar.tags import TagIds
+from nanopar.tiny import char_tokenizer, tiny_qwen_model
+
+pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+REAL, WORDS = 151_936, 151_669  # Qwen's embedding rows; its tokenizer before the six tags
+QWEN_TAGS = TagIds(*range(WORDS, WORDS + 6))
+P, P_, A, A_, S, S_ = QWEN_TAGS.all()
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def real_vocab_model():
+    return tiny_qwen_model(vocab_size=REAL, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1)
+
+
+def responses(seed=0):
+    """Four prompt + response pairs with a parallel block, as ids of the real vocabulary; the
+    inserted tags (a closing `</Path>`, the merge) weigh 0, as the sampler marks them."""
+    g = torch.Generator().manual_seed(seed)
+    word = lambda n: torch.randint(0, WORDS, (n,), generator=g).tolist()
+    prompts = [word(5), word(3), word(6), word(4)]
+    replies = [word(3) + [P, A] + word(4) + [A_, A] + word(2) + [A_, P_, S] + word(3) + [S_] + word(2),
+               word(7), [P, A] + word(2) + [A_, A] + word(5) + [A_, P_, S, S_], word(2) + [P, A, A_, A, A_] + word(1)]
+    weights = [[0.0 if t in (P_, S) or (t == A_ and i % 2) else 1.0 for i, t in enumerate(r)] for r in replies]
+    return prompts, replies, weights
+
+
+def close(got, want, rtol=RTOL):
+    torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+
+
+def trainable_grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+
+@pytest.mark.parametrize("mode, temperature", [("structured", 1.0), ("structured", 0.7), ("causal", 0.0)])
+def test_chunked_read_equals_the_full_logits_read(real_vocab_model, mode, temperature):
+    """Log-probs, entropy and the gradient of every parameter, at several chunk sizes (1 position,
+    a size that does not divide the positions, all in one); T = 0 reads at T = 1."""
+    model = real_vocab_model.train()
+    prompts, replies, weights = responses()
+    batch = make_batch(prompts, replies, weights, PAD)
+    policy = Policy(QWEN_TAGS, mode, temperature, WORDS + 6)
+    where = batch.target_mask > 0
+    scale = torch.randn(where.shape, generator=torch.Generator().manual_seed(1)) * batch.target_mask  # [B, T-1]
+
+    def read(fn, **chunk):
+        model.zero_grad(set_to_none=True)
+        logprobs, entropy = fn(model, batch, policy, with_entropy=True, **chunk)
+        (logprobs * scale).sum().backward()
+        return logprobs[where], entropy[where], trainable_grads(model)
+
+    want_logprobs, want_entropy, want_grads = read(full_trace_logprobs)
+    assert len(want_grads) == len(list(model.parameters()))
+    for chunk in (1, 7, None):
+        logprobs, entropy, grads = read(trace_logprobs, chunk=chunk)
+        close(logprobs, want_logprobs)
+        close(entropy, want_entropy)
+        assert grads.keys() == want_grads.keys()
+        for name, grad in grads.items():
+            close(grad, want_grads[name])
+    assert (want_entropy > 0).all() and where.sum() > 40
+
+
+def full_read_everywhere(monkeypatch):
+    """grpo_update and sft_step with the full-logits read in place of the chunked one."""
+    monkeypatch.setattr(nanopar.grpo, "trace_logprobs", full_trace_logprobs)
+    monkeypatch.setattr(nanopar.sft, "trace_logprobs", full_trace_logprobs)
+
+
+def capture_gradients(monkeypatch, into: list):
+    """apply_gradients records the gradients of each optimiser step, then does its work."""
+    real = nanopar.grpo.apply_gradients
+
+    def record(model, optimizer, *args):
+        into.append(trainable_grads(model))
+        return real(model, optimizer, *args)
+
+    monkeypatch.setattr(nanopar.grpo, "apply_gradients", record)
+    monkeypatch.setattr(nanopar.sft, "apply_gradients", record)
+
+
+@pytest.mark.parametrize("mode", ["structured", "causal"])
+@pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "updates=2,kl"])
+def test_grpo_update_equals_the_full_logits_path(real_vocab_model, mode, off_policy, monkeypatch):
+    """Loss, entropy, logprob gap and the gradient of every optimiser step; off-policy with a KL
+    reference too (pi_old and the reference read without grad, then the second update's read)."""
+    prompts, replies, weights = responses()
+    rollouts = [text_rollout(p, r, QWEN_TAGS) for p, r in zip(prompts, replies)]
+    for rollout, w in zip(rollouts, weights):
+        rollout.sampled = [bool(x) for x in w]
+        rollout.logprobs = [-12.0] * len(w)  # as if recorded by a sampler: the gap is the same on both paths
+    policy = Policy(QWEN_TAGS, mode, 0.8, WORDS + 6)
+    settings = GRPOSettings(micro_batch=3, updates=2 if off_policy else 1, kl_beta=0.1 if off_policy else 0.0)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -0.75])
+    runs = []
+    for full in (False, True):
+        model = copy.deepcopy(real_vocab_model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        reference = Reference(model) if off_policy else None
+        if off_policy:  # the reference differs from the policy, so the KL term has a gradient
+            with torch.no_grad():
+                model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+        grads = []
+        with monkeypatch.context() as patch:
+            capture_gradients(patch, grads)
+            if full:
+                full_read_everywhere(patch)
+            metrics = grpo_update(model, optimizer, rollouts, advantages, policy, settings, PAD, reference)
+        runs.append((metrics, grads))
+    (metrics, grads), (want, want_grads) = runs
+    for key in ("loss", "entropy", "logprob_gap", "grad_norm"):
+        assert metrics[key] == pytest.approx(want[key], rel=RTOL), key
+    assert len(grads) == settings.updates
+    for step, want_step in zip(grads, want_grads):
+        for name, grad in want_step.items():
+            close(step[name], grad)
+
+
+@pytest.mark.parametrize("mode", ["structured", "causal"])
+def test_sft_step_equals_the_full_logits_path(real_vocab_model, mode, monkeypatch):
+    prompts, replies, _ = responses(seed=2)
+    runs = []
+    for full in (False, True):
+        model = copy.deepcopy(real_vocab_model)
+        grads = []
+        with monkeypatch.context() as patch:
+            capture_gradients(patch, grads)
+            if full:
+                full_read_everywhere(patch)
+            metrics = sft_step(model, torch.optim.SGD(model.parameters(), lr=0.05), prompts, replies,
+                               Policy(QWEN_TAGS, mode, 0.5, WORDS + 6), PAD, micro_batch=3)
+        runs.append((metrics, grads[0]))
+    (metrics, grads), (want, want_grads) = runs
+    assert metrics["loss"] == pytest.approx(want["loss"], rel=RTOL) and metrics["tokens"] == want["tokens"]
+    for name, grad in want_grads.items():
+        close(grads[name], grad)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_lora_head_with_trainable_tag_rows_gets_its_gradients(tied, tmp_path):
+    """The head is peft's TrainableTokensWrapper (tied: sharing the embedding's [6, d] tag rows;
+    untied: its own): its rows get the gradient of the full read, LoRA too."""
+    if tied:
+        model, tokenizer = load_char_model(tmp_path, lora=True)
+    else:
+        tiny_qwen_model(vocab_size=128, hidden_size=64, tie_word_embeddings=False).save_pretrained(tmp_path)
+        char_tokenizer().save_pretrained(tmp_path)
+        torch.manual_seed(0)
+        model, tokenizer = load_model(ModelSettings(str(tmp_path), lora=True))
+    with torch.no_grad():  # LoRA B starts at 0: move it, so every LoRA matrix has a gradient
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    policy = Policy.of(tokenizer, "structured")
+    text = ["ab<Parallel><Path>cd</Path><Path>e</Path></Parallel><Summary>f</Summary>g", "xyz"]
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in text]
+    batch = make_batch([i[:2] for i in ids], [i[2:] for i in ids], [[1.0] * len(i[2:]) for i in ids], PAD)
+    got = {}
+    for name, fn in (("chunked", trace_logprobs), ("full", full_trace_logprobs)):
+        model.train().zero_grad(set_to_none=True)
+        logprobs, _ = fn(model, batch, policy)
+        (logprobs * batch.target_mask).sum().backward()
+        got[name] = trainable_grads(model)
+    rows = [n for n in got["full"] if "trainable_tokens_delta" in n]
+    assert len(rows) == (1 if tied else 2) and any("lm_head" in n for n in rows) != tied
+    assert got["chunked"].keys() == got["full"].keys() and len(got["full"]) > len(rows)
+    for name, grad in got["full"].items():
+        assert grad.abs().sum() > 0, name
+        close(got["chunked"][name], grad)
+
+
+def test_a_head_with_dropout_draws_the_same_masks_in_the_recompute():
+    """The backward recomputes the head's logits: the random state is replayed, so a dropout
+    mask is the one the forward drew (the gradient is that of the forward's function)."""
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(8, 300)).train()
+    hidden = torch.randn(10, 8, requires_grad=True)
+    targets = torch.randint(0, 290, (10,))
+    weights = torch.randn(10)
+    got = []
+    for chunked in (True, False):
+        torch.manual_seed(1)
+        hidden.grad = None
+        head.zero_grad()
+        if chunked:  # one chunk: the forward draws the same mask as the full read below
+            logprobs, _ = head_logprobs(hidden, targets, head, 1.0, 290, chunk=10)
+        else:
+            logprobs = policy_logprobs(head(hidden), 1.0, 290).gather(-1, targets[:, None]).squeeze(-1)
+        (logprobs * weights).sum().backward()
+        got.append((logprobs.detach(), hidden.grad.clone(), head[1].weight.grad.clone()))
+    for a, b in zip(*got):
+        close(a, b)
+    with pytest.raises(NanoparError, match="positions per chunk must be >= 1"):
+        head_logprobs(hidden, targets, head, 1.0, 290, chunk=-1)
