@@ -72,14 +72,20 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     kept = torch.tensor([result.format_ok or not settings.drop_invalid for result in results])  # [B * G]
     advantages = group_advantages(rewards, G, settings.advantage, kept)  # [B * G], 0 where dropped
     keep = kept.nonzero().flatten().tolist()
+    # every kept advantage 0 and no KL term: the loss and its gradient are 0, so skip the forward and
+    # backward (the scheduler still steps, so the learning-rate schedule keeps its place)
+    signal = bool(advantages[keep].ne(0).any()) or (reference is not None and settings.kl_beta > 0)
     update = {}
-    if keep:
+    if keep and signal:
         update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
                              tokenizer.pad_token_id or 0, reference, scheduler)
+    elif scheduler is not None:
+        scheduler.step()
     trained = time.perf_counter()
     tokens = sum(r.stats.new_tokens for r in rollouts)
     return rollouts, rollout_metrics(rollouts, results, G) | update | {
         "reward_spec": reward, "dropped_invalid": len(rollouts) - len(keep),
+        "skipped_no_signal": not (keep and signal),  # no update: nothing kept, or every advantage 0
         "sample_seconds": sampled - started, "train_seconds": trained - sampled,
         "tokens_per_second": tokens / max(sampled - started, 1e-9),
         "kv_cache_mb": max(r.stats.peak_cache_bytes for r in rollouts) / 2**20,  # the sampler's batched cache

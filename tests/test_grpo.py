@@ -358,3 +358,37 @@ def test_micro_batch_tokens_is_a_flag_that_reaches_grpo_and_sft():
     stages = recipe(config)
     settings = Runner(config, stages).grpo_settings(next(s for s in stages if s.kind == "grpo"))
     assert settings.micro_batch_tokens == 4096 == config.micro_batch_tokens
+
+
+def test_a_step_with_nothing_to_learn_is_skipped(monkeypatch):
+    """Every group's rewards equal (all advantages 0) and no KL term: grpo_step runs no training
+    forward or backward, the weights stay bit-identical, and the step says it was skipped."""
+    import copy
+
+    import nanopar.grpo
+    from conftest import text_rollout
+    from nanopar.grpo import grpo_step
+    from nanopar.model import ModelSettings, load_model
+    from nanopar.prompts import build_prompt, stop_ids
+    from nanopar.toy import toy_problems
+
+    model, tokenizer = load_model(ModelSettings("toy:model"))
+    policy, before = Policy.of(tokenizer), copy.deepcopy(model)
+    problems = toy_problems("toy:easy")[:2]
+    prompts = [build_prompt(p, tokenizer, "") for p in problems]
+    eos = stop_ids(model, tokenizer)
+    scripted = [text_rollout(prompts[i // 2], tokenizer.encode("Final Answer: 0") + [eos[0]], policy.tag_ids)
+                for i in range(4)]  # every answer wrong: accuracy -1 everywhere
+    monkeypatch.setattr(nanopar.grpo, "sample", lambda *args: scripted)
+    forwards = []
+    model.get_decoder().register_forward_hook(lambda *args: forwards.append(1))
+    optimizer = make_optimizer(model, lr=1e-3)[0]
+    _, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, SamplerSettings(),
+                           GRPOSettings(group_size=2), "accuracy")
+    assert metrics["skipped_no_signal"] and "loss" not in metrics and not forwards
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters()))
+    scripted[0] = text_rollout(prompts[0], tokenizer.encode(f"Final Answer: {problems[0].answer}") + [eos[0]],
+                               policy.tag_ids)  # one right answer: a signal, so a real step
+    _, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, SamplerSettings(),
+                           GRPOSettings(group_size=2), "accuracy")
+    assert not metrics["skipped_no_signal"] and metrics["loss"] is not None and forwards
