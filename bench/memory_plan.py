@@ -37,10 +37,13 @@ model's depth (`--check`: against one full-depth Qwen2.5-0.5B, measured whole).
                 tokens, with and without `enable_gradient_checkpointing`, at 2 and 4 layers: slope
                 per layer and intercept; x micro-batch rows; linear in T (the T x T mask exactly).
                 Beside it, a census of the tensors autograd saves (saved_tensors_hooks), by dtype
-  logits chunk  one chunk of the chunked training read (`chunked_read`: output embedding ->
-                `policy_logprobs` -> gather, + the no-grad entropy of `trace_logprobs`; recomputed
-                in backward) at 512 and 1,024 tokens: a line between them, proportional above;
-                `--chunk-tokens 0` = today's read of a whole micro-batch at once
+  logits chunk  the chunked training read as users run it (`chunked_read`: the library's
+                `head.head_logprobs` with the model's head from `decoder_and_head`, with the
+                entropy, forward + backward, each chunk's logits recomputed in backward) over two
+                chunks of the library's default chunk (CHUNK_BYTES of float32 logits: 221 positions
+                on Qwen's vocabulary) and of twice it: a line between them, proportional above;
+                `--only chunk` re-measures this alone. `--chunk-tokens 0` = the read before head.py,
+                the full logits of a whole micro-batch (WHOLE_READ_PER_TOKEN, stored, not re-measured)
   embedding     the input embedding's forward + backward alone (a merged copy, a dense [V, d]
                 gradient): before and after the layers' activations, so a max, not a sum
 
@@ -81,7 +84,18 @@ MODELS = {
     "qwen3-1.7b": ("qwen3", 2048, 28, 16, 8, 128, 6144, 151669),
 }  # all four tie the input and output embeddings (tie_word_embeddings: true)
 BUILT_LAYERS = (2, 4)  # depths measured; the plan is linear in between and beyond
-CHUNKS = (512, 1024)  # logits-chunk sizes measured (tokens)
+
+
+def library_chunk(vocab: int) -> int:
+    """Positions per chunk of `nanopar.head.head_logprobs` by default: CHUNK_BYTES of float32 logits."""
+    from nanopar.head import CHUNK_BYTES
+
+    return max(1, CHUNK_BYTES // (4 * vocab))
+
+
+# the library's default chunk on Qwen's real vocabulary (tokenizer + the six tags): 221 positions
+DEFAULT_CHUNK = min(library_chunk(spec[7] + 6) for spec in MODELS.values())
+CHUNKS = (DEFAULT_CHUNK, 2 * DEFAULT_CHUNK)  # logits-chunk sizes measured (positions), two chunks each
 
 
 def qwen_config(name: str, layers: int | None = None):
@@ -104,8 +118,14 @@ def kv_bytes_per_token_layer(name: str, dtype_bytes: int = 2) -> int:
 
 
 # --- the stored measurement ------------------------------------------------------------------
-# Printed by `python bench/memory_plan.py` (bfloat16; the run of 2026-11-30 in bench/README.md),
+# Printed by `python bench/memory_plan.py` (bfloat16; the run of 2026-11-30 in bench/README.md; 'chunk'
+# re-measured with `--only chunk` on 2026-12-01, the library's head_logprobs),
 # in bytes; activations for one row of T0 tokens. `predict` uses these unless given others.
+# The read before nanopar/head.py (`--chunk-tokens 0`): the full logits of a micro-batch, bytes per
+# token read, from the stand-in (torch checkpoint + policy_logprobs + a copying entropy) measured
+# at 1,024 tokens on 2026-11-30 (bfloat16), kept for the "before" row; not re-measured.
+WHOLE_READ_PER_TOKEN = {"qwen2.5-0.5b": 2485616640 / 1024, "qwen2.5-1.5b": 2482270208 / 1024,
+                        "qwen3-0.6b": 2484731904 / 1024, "qwen3-1.7b": 2485415936 / 1024}
 STORED: dict = {'qwen2.5-0.5b': {'dtype': 'bfloat16',
                                  'T0': 1368,
                                  'lora_rank': 16,
@@ -122,10 +142,7 @@ STORED: dict = {'qwen2.5-0.5b': {'dtype': 'bfloat16',
                                                                    'at': {2: 164507648, 4: 169619456}}},
                                  'saved_per_layer': {'float32': 66539520, 'bfloat16': 49729536},
                                  'saved_tensors_per_layer': 26,
-                                 'chunk': {'const': -868352,
-                                           'per_token': 2428208,
-                                           'at': {512: 1242374144, 1024: 2485616640},
-                                           'no_entropy_at_1024': 2134835200},
+                                 'chunk': {'const': 547135488, 'per_token': 918894, 'at': {221: 750211072, 442: 953286656}, 'no_entropy_at_default': 748216320},
                                  'embedding_train': 274739200,
                                  'embedding_forward': 270901248,
                                  'decode': {'per_row': -15392,
@@ -154,10 +171,7 @@ STORED: dict = {'qwen2.5-0.5b': {'dtype': 'bfloat16',
                                                                    'at': {2: 290340864, 4: 296513536}}},
                                  'saved_per_layer': {'float32': 116958528, 'bfloat16': 90353664},
                                  'saved_tensors_per_layer': 26,
-                                 'chunk': {'const': 316182528,
-                                           'per_token': 2115320,
-                                           'at': {512: 1399226368, 1024: 2482270208},
-                                           'no_entropy_at_1024': 2327670784},
+                                 'chunk': {'const': 935776256, 'per_token': 926048, 'at': {221: 1140432896, 442: 1345089536}, 'no_entropy_at_default': 1138634752},
                                  'embedding_train': 470982656,
                                  'embedding_forward': 463491072,
                                  'decode': {'per_row': -31584,
@@ -186,10 +200,7 @@ STORED: dict = {'qwen2.5-0.5b': {'dtype': 'bfloat16',
                                                                  'at': {2: 170438656, 4: 176099328}}},
                                'saved_per_layer': {'float32': 84892608, 'bfloat16': 47628288},
                                'saved_tensors_per_layer': 30,
-                               'chunk': {'const': -221184,
-                                         'per_token': 2426712,
-                                         'at': {512: 1242255360, 1024: 2484731904},
-                                         'no_entropy_at_1024': 2173378560},
+                               'chunk': {'const': 624570368, 'per_token': 920896, 'at': {221: 828088320, 442: 1031606272}, 'no_entropy_at_default': 826294272},
                                'embedding_train': 313991168,
                                'embedding_forward': 311377920,
                                'decode': {'per_row': 8480,
@@ -218,10 +229,7 @@ STORED: dict = {'qwen2.5-0.5b': {'dtype': 'bfloat16',
                                                                  'at': {2: 288022528, 4: 302497792}}},
                                'saved_per_layer': {'float32': 140925888, 'bfloat16': 72843264},
                                'saved_tensors_per_layer': 30,
-                               'chunk': {'const': 623628288,
-                                         'per_token': 1818152,
-                                         'at': {512: 1554522112, 1024: 2485415936},
-                                         'no_entropy_at_1024': 2485309440},
+                               'chunk': {'const': 1246941184, 'per_token': 931219, 'at': {221: 1452740608, 442: 1658540032}, 'no_entropy_at_default': 1450962944},
                                'embedding_train': 627970048,
                                'embedding_forward': 622362624,
                                'decode': {'per_row': -14176,
@@ -245,18 +253,19 @@ def sequence_tokens(prompt_tokens: int, new_tokens: int, paths: int, max_blocks:
 
 def predict(model_name: str, prompts: int = 8, samples: int = 8, new_tokens: int = 1024, prompt_tokens: int = 320,
             paths: int = 2, max_blocks: int = 4, micro_batch: int = 2, checkpointing: bool = True,
-            chunk_tokens: int = 1024, lora_rank: int = 16, layers: int | None = None,
+            chunk_tokens: int = DEFAULT_CHUNK, lora_rank: int = 16, layers: int | None = None,
             coefficients: dict | None = None) -> dict[str, int]:
     """Predicted GPU memory of one GRPO step, in bytes, by component (see the module docstring):
     weights, lora, adam, grads, kv_cache (the bound: B x G x K rows), kv_cache_no_fork, decode_step,
     activations, logits_chunk, and the totals sampling_peak and training_peak.
 
-    chunk_tokens: tokens per logits chunk (b x c); 0 = the whole micro-batch at once (today's
-    unchunked training read). layers: decoder layers (None = the model's). coefficients: a
+    chunk_tokens: positions per logits chunk of `head_logprobs` (default: the library's, CHUNK_BYTES
+    of float32 logits); 0 = the read before head.py, the full logits of a whole micro-batch at once
+    (`whole_read`: the stand-in measured 2026-11-30, scaled in proportion). layers: decoder layers (None = the model's). coefficients: a
     `measure_model` result (None = STORED[model_name]). Sampling and training are separate peaks:
     the cache is freed before training, the activations before the next sampling. For
     bench/train_step.py --full-size 0.5b (4 x 8 x 1,024, prompts of 16 tokens, micro-batch 2):
-    predict("qwen2.5-0.5b", prompts=4, prompt_tokens=16, chunk_tokens=0)
+    predict("qwen2.5-0.5b", prompts=4, prompt_tokens=16)
     """
     c = coefficients if coefficients is not None else STORED[model_name]
     depth = layers or MODELS[model_name][2]
@@ -275,8 +284,10 @@ def predict(model_name: str, prompts: int = 8, samples: int = 8, new_tokens: int
     per_row = (a["fixed"] + depth * a["per_layer"] - mask * c["T0"] ** 2) * T / c["T0"] + mask * T**2
     activations = micro_batch * per_row
     read = micro_batch * (T - 1)  # tokens a micro-batch reads; a chunk holds at most these
-    chunk = min(chunk_tokens or read, read)
-    logits = chunk_peak(c, chunk)
+    if chunk_tokens:
+        logits = chunk_peak(c, min(chunk_tokens, read))
+    else:  # the pre-head.py read: [b, T, V] logits, float32 log-softmax and their gradients at once
+        logits = read * WHOLE_READ_PER_TOKEN[model_name]
     out = dict(weights=weights, lora=lora, adam=adam, grads=lora, kv_cache=kv * rows,
                kv_cache_no_fork=kv * rows_no_fork, decode_step=decode, activations=activations, logits_chunk=logits)
     out = {k: int(v) for k, v in out.items()}
@@ -288,10 +299,10 @@ def predict(model_name: str, prompts: int = 8, samples: int = 8, new_tokens: int
 
 
 def chunk_peak(c: dict, tokens: int) -> float:
-    """A logits chunk's peak: the line through the two measured sizes between them and below
-    (floored at 0), proportional to the largest above it (there the per-token [c, V] float32
-    buffers dominate; the line's intercept is the merged [V, d] copy of a backward phase that
-    the entropy's forward phase outgrows)."""
+    """A logits chunk's peak (`head_logprobs`, `tokens` positions per chunk): the line through the
+    two measured sizes between them and below (floored at 0), proportional to the largest above
+    it (conservative: the intercept, the head's merged [V, d] copy and its [V, d] gradient in a
+    chunk's backward, does not grow with the chunk)."""
     at = c["chunk"]["at"]
     largest = max(at)
     if tokens >= largest:
@@ -493,36 +504,27 @@ def embedding_rise(model, tags, tokens: int, train: bool) -> int:
 
 
 def chunked_read(model, tags, hidden: torch.Tensor, chunk: int, vocab: int, entropy: bool = True) -> torch.Tensor:
-    """The training read from the final hidden states [b, T, d], chunk by chunk of `chunk` tokens
-    (b x c), each chunk recomputed in backward (torch checkpoint): the output embedding (peft's
-    tag-row wrapper merges the six rows into a full copy of the [V, d] matrix), `policy_logprobs`
-    (real vocabulary, float32), the chosen tokens' log-probs, and (`entropy`) the no-grad entropy
-    exactly as `trace_logprobs(with_entropy=True)` computes it. -> a loss to call backward on"""
-    from torch.utils.checkpoint import checkpoint
-
-    from nanopar.policy import policy_logprobs
+    """The training read from the final hidden states [b, T, d], as `forward.trace_logprobs` does
+    it: the positions gathered into [n, d] (n = b x (T - 1)), then the library's
+    `head.head_logprobs` with the model's own head (`decoder_and_head`: the tied output embedding,
+    peft's tag-row wrapper around it), `chunk` positions at a time (0 = all n in one chunk), the
+    no-grad entropy with it (`with_entropy`). -> a loss to call backward on"""
+    from nanopar.head import decoder_and_head, head_logprobs
 
     b, T, _ = hidden.shape
-    per_chunk = max(1, chunk // b)  # positions per chunk: b x c tokens
     targets = torch.randint(0, tags.block_open, (b, T), generator=torch.Generator().manual_seed(1))
-
-    def piece(h, t):
-        logprobs = policy_logprobs(model.get_output_embeddings()(h), 1.0, vocab)  # [b, c, V']
-        chosen = logprobs.gather(-1, t[..., None]).squeeze(-1)
-        if entropy:
-            with torch.no_grad():
-                picked = logprobs[torch.ones_like(chosen, dtype=torch.bool)]  # [b c, V'] (a copy)
-                -(picked.exp() * picked).sum(-1)
-        return chosen
-
-    parts = [checkpoint(piece, hidden[:, s : s + per_chunk], targets[:, s : s + per_chunk], use_reentrant=False)
-             for s in range(0, T, per_chunk)]
-    return -torch.cat(parts, dim=1).sum()
+    where = torch.ones(b, T - 1, dtype=torch.bool)  # every position read (responses only, in training)
+    _, head = decoder_and_head(model)
+    chosen, _ = head_logprobs(hidden[:, :-1][where], targets[:, 1:][where], head, 1.0, vocab, entropy,
+                              chunk or b * (T - 1))  # [n]
+    return -chosen.sum()
 
 
-def chunk_rise(model, tags, tokens: int, dtype: torch.dtype, vocab: int, entropy: bool = True) -> int:
+def chunk_rise(model, tags, tokens: int, dtype: torch.dtype, vocab: int, entropy: bool = True, chunks: int = 2) -> int:
+    """Peak rise of the chunked read of `chunks` chunks of `tokens` positions, forward + backward."""
     d = model.config.hidden_size
-    hidden = torch.randn(1, tokens, d, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+    hidden = torch.randn(1, chunks * tokens + 1, d, generator=torch.Generator().manual_seed(0)).to(dtype)
+    hidden.requires_grad_()
     rise, _ = peak_rise(lambda: chunked_read(model, tags, hidden, tokens, vocab, entropy).backward())
     return rise
 
@@ -606,6 +608,32 @@ def line_of(at: dict[int, float]) -> dict:
     return {"fixed": y0 - x0 * slope, "per_layer": slope}
 
 
+def measure_chunk(model, tags, dtype: torch.dtype, vocab: int) -> dict:
+    """The logits-chunk coefficients: `head_logprobs` (with the entropy) over two chunks of each of
+    CHUNKS positions, forward + backward; and without the entropy at the library's chunk."""
+    at = {c: chunk_rise(model, tags, c, dtype, vocab) for c in CHUNKS}
+    fit = line_of(at)
+    return {"const": fit["fixed"], "per_token": fit["per_layer"], "at": at,
+            "no_entropy_at_default": chunk_rise(model, tags, CHUNKS[0], dtype, vocab, entropy=False)}
+
+
+def measure_chunk_only(name: str, dtype: torch.dtype, console, rank: int = 16) -> dict:
+    """`--only chunk`: the logits-chunk coefficients alone, on a one-layer build (the read
+    never touches the decoder layers) -> {"dtype", "chunk"}"""
+    vocab = MODELS[name][7] + 6
+    console.print(f"[bold]{name}[/bold] ({dtype}), logits chunks of {CHUNKS} positions")
+    with log(f"build 1 layer, 4-bit + LoRA r{rank}", console):
+        model, tags = build(name, 1, dtype, rank)
+    model.train()
+    with log("warm-up", console):
+        chunk_rise(model, tags, 64, dtype, vocab)
+    with log("chunks", console):
+        out = {"dtype": str(dtype).replace("torch.", ""), "chunk": measure_chunk(model, tags, dtype, vocab)}
+    del model
+    gc.collect()
+    return out
+
+
 def measure_model(name: str, dtype: torch.dtype, T0: int, rows: int, console, rank: int = 16) -> dict:
     """Every coefficient of `predict` for one model, measured (see the module docstring)."""
     from nanopar.model import enable_gradient_checkpointing
@@ -639,11 +667,8 @@ def measure_model(name: str, dtype: torch.dtype, T0: int, rows: int, console, ra
     out["saved_per_layer"] = {k: (census[L1].bytes.get(k, 0) - census[L0].bytes.get(k, 0)) // (L1 - L0)
                               for k in census[L1].bytes}
     out["saved_tensors_per_layer"] = (census[L1].count - census[L0].count) // (L1 - L0)
-    with log(f"logits chunks of {CHUNKS} tokens, the embedding", console):
-        at = {c: chunk_rise(model, tags, c, dtype, vocab) for c in CHUNKS}
-        fit = line_of(at)
-        out["chunk"] = {"const": fit["fixed"], "per_token": fit["per_layer"], "at": at,
-                        "no_entropy_at_1024": chunk_rise(model, tags, 1024, dtype, vocab, entropy=False)}
+    with log(f"logits chunks of {CHUNKS} positions, the embedding", console):
+        out["chunk"] = measure_chunk(model, tags, dtype, vocab)
         out["embedding_train"] = embedding_rise(model, tags, T0, train=True)
         out["embedding_forward"] = embedding_rise(model, tags, rows, train=False)
     model.eval()
@@ -676,7 +701,7 @@ def decode_peak(c: dict, rows: int, width: int) -> float:
 
 # --- the full-depth check ----------------------------------------------------------------------
 def full_depth_check(dtype: torch.dtype, coefficients: dict, console, rows: int = 2, tokens: int = 512,
-                     chunk: int = 512, decode_rows: int = 32) -> list[tuple[str, int, int]]:
+                     chunk: int = DEFAULT_CHUNK, decode_rows: int = 32) -> list[tuple[str, int, int]]:
     """Qwen2.5-0.5B at its full 24 layers, measured whole (embedding, layers, chunked read,
     backward; a whole decode step), against `predict` from the 2- and 4-layer coefficients, at a
     shorter length: `rows` rows of `tokens` tokens, `decode_rows` lanes. -> [(what, predicted, measured)]"""
@@ -754,7 +779,8 @@ class PlanConfig:
     max_blocks: int = 4  # blocks per response: inserted tags add max_blocks x (2K + 2) tokens to a row
     micro_batch: int = 2  # rows per forward/backward (train.py --micro-batch)
     checkpointing: bool = True  # gradient checkpointing (train.py --gradient-checkpointing)
-    chunk_tokens: int = 1024  # tokens per logits chunk (b x c) of the chunked training read; 0 = the whole micro-batch at once
+    chunk_tokens: int = DEFAULT_CHUNK  # positions per logits chunk of head_logprobs (default: the library's, 128 MiB of float32 logits); 0 = the read before head.py (whole micro-batch)
+    only: str = ""  # with --measure: "chunk" = re-measure the logits-chunk coefficients alone (1-layer builds, ~1 min per model), the rest stored
     lora_rank: int = 16  # LoRA r (the plan scales the measured r = 16 adapters)
     measure: bool = True  # measure on this CPU (a few minutes per model); --no-measure: the coefficients stored in this file
     dtype: str = "bfloat16"  # dtype of the CPU measurement: bfloat16 (the GPU's compute dtype) or float32 (nanopar's CPU path)
@@ -810,6 +836,18 @@ def main(argv=None):
                       f"load average before: {os.getloadavg()}")
         started = time.perf_counter()
         rows = args.prompts * args.samples * args.paths  # the decode step's lanes: the cache bound's rows
+        if args.only not in ("", "chunk"):
+            raise SystemExit(f"bench/memory_plan.py: unknown --only {args.only!r}: use chunk")
+        if args.only == "chunk":
+            measured = {n: measure_chunk_only(n, dtype, console, args.lora_rank) for n in names}
+            console.print(f"measured in {time.perf_counter() - started:.0f} s; load average after: {os.getloadavg()}")
+            console.print("logits-chunk coefficients (paste into STORED[name]['chunk']):")
+            print(pprint.pformat(rounded(measured), width=120, sort_dicts=False))
+            if args.dtype != "bfloat16":  # the stored plan is bfloat16's: print it, without mixing in
+                return
+            coefficients = {n: STORED[n] | {"chunk": measured[n]["chunk"]} for n in names}
+            print_tables(console, args, names, coefficients, T, [])
+            return
         for name in names:
             coefficients[name] = measure_model(name, dtype, T, rows, console, args.lora_rank)
         if args.check:
@@ -855,7 +893,8 @@ def print_tables(console, args: PlanConfig, names, coefficients, T, checks):
     other = {n: predict(n, checkpointing=not args.checkpointing, coefficients=c[n], **settings) for n in names}
     rows, bound = args.prompts * args.samples, args.prompts * args.samples * args.paths
     b = args.micro_batch
-    chunk = f"{min(args.chunk_tokens, b * (T - 1)):,}" if args.chunk_tokens else f"{b} x {T - 1:,}"
+    chunk = (f"{min(args.chunk_tokens, b * (T - 1)):,} positions (head_logprobs)" if args.chunk_tokens
+             else f"{b} x {T - 1:,} tokens, the full logits (before head.py)")
     ckpt, not_ckpt = ("with", "without") if args.checkpointing else ("without", "with")
 
     def table(title, first, last):
@@ -879,7 +918,7 @@ def print_tables(console, args: PlanConfig, names, coefficients, T, checks):
         ("[bold]sampling peak[/bold]", "sampling_peak", ""),
         ("LoRA grads", "grads", "float32, alive over the micro-batches"),
         (f"activations, {ckpt} checkpointing", "activations", f"{b} row{'s' * (b != 1)}"),
-        ("logits chunk", "logits_chunk", f"{chunk} tokens"),
+        ("logits chunk", "logits_chunk", chunk),
         (f"[bold]training peak[/bold], {ckpt} checkpointing", "training_peak", ""),
     ]
     for label, key, what in lines:
@@ -908,9 +947,11 @@ def print_tables(console, args: PlanConfig, names, coefficients, T, checks):
         ("  with checkpointing, per layer per row",
          lambda x: f"{act(x, 'checkpointing', 'per_layer') / MiB:.1f}", "RSS"),
         ("  intercept", lambda x: mb(act(x, "checkpointing", "fixed")), "one layer recomputed"),
-        ("logits chunk: const + per 1,024 tokens",
-         lambda x: f"{mb(x['chunk']['const'])} + {mb(1024 * x['chunk']['per_token'])}", f"RSS at {CHUNKS}"),
-        ("  1,024 tokens without the entropy", lambda x: mb(x["chunk"]["no_entropy_at_1024"]), "the pi_old read"),
+        (f"logits chunk: const + per {CHUNKS[0]} positions",
+         lambda x: f"{mb(x['chunk']['const'])} + {mb(CHUNKS[0] * x['chunk']['per_token'])}",
+         f"RSS, head_logprobs at {CHUNKS}"),
+        (f"  {CHUNKS[0]} positions without the entropy", lambda x: mb(x["chunk"]["no_entropy_at_default"]),
+         "with_entropy=False"),
         ("embedding: forward / forward + backward",
          lambda x: f"{mb(x['embedding_forward'])} / {mb(x['embedding_train'])}", "merged [V, d] copy; dense grad"),
         ("decode layers: per row + per row x 1k columns",
@@ -933,18 +974,20 @@ def print_tables(console, args: PlanConfig, names, coefficients, T, checks):
             check.add_row(what, mb(predicted), mb(value), f"{value / predicted:.2f}")
         console.print(check)
 
-    advice = Table(title=f"recommended settings (fits: peak x 1.1 + 1 GiB <= GPU; G = {args.samples}, "
-                         f"logits chunks of {args.chunk_tokens or 'a whole micro-batch'} tokens)")
-    for column in ("model", "GPU", "--prompts-per-step", "--micro-batch", "--gradient-checkpointing",
-                   "sampling GiB", "training GiB"):
+    advice = Table(title=f"recommended settings (fits: peak x 1.1 + 1 GiB <= GPU; G = {args.samples}; "
+                         f"--micro-batch-tokens = micro-batch x {T:,}, the longest row: the same bound, "
+                         "more rows when rows are shorter; "
+                         f"logits chunks of {args.chunk_tokens or 'a whole micro-batch'} positions)")
+    for column in ("model", "GPU", "--prompts-per-step", "--micro-batch", "or --micro-batch-tokens",
+                   "--gradient-checkpointing", "sampling GiB", "training GiB"):
         advice.add_column(column)
     for n in names:
         for gib in args.gpus:
             r = recommend(n, gib, args, c[n])
             if r is None:
-                advice.add_row(n, f"{gib} GiB", "does not fit", "", "", "", "")
+                advice.add_row(n, f"{gib} GiB", "does not fit", "", "", "", "", "")
             else:
-                advice.add_row(n, f"{gib} GiB", str(r["prompts"]), str(r["micro_batch"]),
+                advice.add_row(n, f"{gib} GiB", str(r["prompts"]), str(r["micro_batch"]), f"{r['micro_batch'] * T:,}",
                                "yes" if r["checkpointing"] else "no", gb(r["sampling"]), gb(r["training"]))
     console.print(advice)
 

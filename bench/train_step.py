@@ -383,6 +383,38 @@ def full_size_contestant(size, config: BenchConfig, device):
                       make_rewards(4 * 8), reads, 1)
 
 
+def full_size_plan(size: str, config: BenchConfig, peaks: dict, console) -> None:
+    """bench/memory_plan.py's prediction for the --full-size step beside what was measured here
+    (`torch.cuda.max_memory_allocated` per part, absolute): B = 4 x G = 8 x 1,024 new tokens,
+    prompts of 16 tokens, K = 2 paths, 4 blocks, checkpointing on. The plan is a bound (every
+    response inside a K-path block, every row as wide as the longest) and leaves out the CUDA
+    context and the allocator's fragmentation, which max_memory_allocated also leaves out."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import memory_plan
+
+    name = f"qwen2.5-{size}"
+    T = memory_plan.sequence_tokens(16, 1024, 2, 4)
+    micro = config.micro_batch if not config.micro_batch_tokens else max(1, config.micro_batch_tokens // T)
+    shared = dict(prompts=4, samples=8, new_tokens=1024, prompt_tokens=16, paths=2, max_blocks=4,
+                  micro_batch=micro, checkpointing=True)
+    table = Table(title=f"bench/memory_plan.py's plan for this step ({name}, micro-batch {micro}, rows <= {T} "
+                        "tokens) beside the measured peaks, MB")
+    for column in ("read", "part", "predicted (plan)", "measured (cuda max allocated)", "measured / predicted"):
+        table.add_column(column)
+    for read, chunk in ((NOW, config.chunk or memory_plan.DEFAULT_CHUNK), (BEFORE, 0)):
+        if read not in peaks:
+            continue
+        plan = memory_plan.predict(name, chunk_tokens=chunk, **shared)
+        for part, key in (("sample", "sampling_peak"), ("train", "training_peak")):
+            if part not in peaks[read] or (read == BEFORE and part == "sample"):
+                continue
+            predicted, measured = plan[key] / MB, peaks[read][part]
+            table.add_row(read, part, f"{predicted:,.0f}", f"{measured:,.0f}", f"{measured / predicted:.2f}")
+    console.print(table)
+
+
 def long_plan(short_peaks: dict, short_tokens: int, long_tokens: int) -> tuple[set, str]:
     """Which parts of the full-logits read the 8 x 1,024 step leaves out: those whose memory,
     scaled linearly in tokens from the 8 x 152 step, exceeds half of the memory available now.
@@ -439,6 +471,8 @@ def main(argv: list[str] | None = None):
                      "speed-up = before / now seconds")
     for c, b, p, s in zip(contestants, best, peaks, sizes):
         add_rows(table, c, b, p, s, config)
+    if config.full_size:
+        full_size_plan(config.full_size, config, peaks[0], console)
     if config.long and not config.full_size and device.type == "cpu":
         short_tokens = sizes[-1]["rows"] * sizes[-1]["T"]
         long_tokens = config.micro_batch * (16 + (64 if config.quick else 1024) + 16)  # ~ rows x (prompt + response)
