@@ -81,7 +81,7 @@ class LaneCache:
     def __init__(self, cache: DynamicCache, lens: list[int]):
         self.cache = cache  # the model's cache object, passed to every forward
         self.lens = list(lens)  # real tokens per row (right-aligned)
-        self._first_real = None  # [N] first real column per row; steps keep it, rebuilds reset it
+        self._mask = None  # [N, columns] the step mask with spare columns; steps keep it, rebuilds reset it
         self.plan: _Plan | None = None  # a rebuild the next forward applies
         cache.layers[:] = [_Layer(self, i, layer.keys, layer.values) for i, layer in enumerate(cache.layers)]
 
@@ -104,17 +104,18 @@ class LaneCache:
         """Additive mask for one decode step: each row sees its real tokens and the new one.
 
         None when no row has padding: the model then attends to everything, and sdpa takes its
-        faster unmasked path.
+        faster unmasked path. [N, 1, 1, W+1]: a view of a mask made once per set of rows, with
+        spare columns (a step moves no row's first real column, it adds a visible one).
         """
         width = self.width
         if min(self.lens) == width:
             return None
-        if self._first_real is None:
-            self._first_real = width - torch.tensor(self.lens, device=self.device)  # [N]
-        columns = torch.arange(width + 1, device=self.device)  # [W+1]
-        visible = columns[None, :] >= self._first_real[:, None]  # [N, W+1]
-        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device)
-        return mask.masked_fill_(~visible, torch.finfo(dtype).min)[:, None, None, :]  # [N, 1, 1, W+1]
+        if self._mask is None or self._mask.shape[-1] < width + 1 or self._mask.dtype != dtype:
+            columns = torch.arange(width + 1 + max(16, width // 4), device=self.device)  # spare columns
+            pad = width - torch.tensor(self.lens, device=self.device)  # [N] padding columns per row
+            self._mask = torch.zeros(len(self.lens), len(columns), dtype=dtype, device=self.device)
+            self._mask.masked_fill_(columns[None, :] < pad[:, None], torch.finfo(dtype).min)
+        return self._mask[:, None, None, : width + 1]
 
     def appended(self) -> None:
         """Record the column the last forward appended to every row."""
@@ -133,7 +134,7 @@ class LaneCache:
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.plan = _Plan(index, extra, max(lens, default=0))
         self.lens = lens
-        self._first_real = None
+        self._mask = None
 
     def settle(self) -> None:
         """Apply a pending rebuild now, without a forward."""
