@@ -119,8 +119,8 @@ class LaneCache:
 
     def appended(self) -> None:
         """Record the column the last forward appended to every row."""
-        if self.plan is not None:  # the forward did not reach the cache (it has no layers?)
-            self.settle()
+        if self.plan is not None:
+            raise RuntimeError("the forward did not update the lane cache (use_cache=True, cache=LaneCache.cache)")
         self.lens = [n + 1 for n in self.lens]
 
     def rebuild(self, keep: list[int], extra: list[Piece]) -> None:
