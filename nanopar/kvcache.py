@@ -45,7 +45,11 @@ def _rebuilt(old: torch.Tensor, plan: _Plan, layer: int, which: int, new: torch.
     out = old.new_empty(keep + len(plan.extra), H, width + (0 if new is None else new.shape[-2]), D)
     shared = min(width, W)
     out[:keep, :, : width - shared] = 0
-    torch.index_select(old[:, :, W - shared :], 0, plan.index, out=out[:keep, :, width - shared : width])
+    rows = out[:keep, :, width - shared : width]
+    if old.device.type == "cpu":  # straight into the new tensor (an advanced-index gather is ~5x slower)
+        torch.index_select(old[:, :, W - shared :], 0, plan.index, out=rows)
+    else:  # (a strided `out` is a CPU-tested path only)
+        rows.copy_(torch.index_select(old[:, :, W - shared :], 0, plan.index))
     for j, piece in enumerate(plan.extra):
         part = piece[layer][which]  # [H, n, D]
         out[keep + j, :, : width - part.shape[-2]] = 0

@@ -213,3 +213,25 @@ def test_the_step_mask_is_the_mask_of_each_step():
             lanes.rebuild([2, 0, 0], [])
     lanes.rebuild([1], [])
     assert lanes.step_mask(torch.float32) is None  # one row: no padding, sdpa's unmasked path
+
+
+def test_the_sampler_benchmark_takes_its_flags_from_a_dataclass(capsys, monkeypatch):
+    """`python bench/sampler.py --help` lists every flag and starts nothing; an unknown benchmark is a one-line error."""
+    import dataclasses
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "sampler.py"
+    spec = importlib.util.spec_from_file_location("bench_sampler", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses read the module's namespace
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--help"])
+    assert exit.value.code == 0
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(bench.BenchConfig):
+        assert "--" + field.name.replace("_", "-") in text, field.name
+    with pytest.raises(SystemExit, match="unknown benchmark speed; choose from throughput"):
+        bench.main(["--only", "speed"])
