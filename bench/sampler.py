@@ -1,7 +1,9 @@
 """Benchmark the parallel-branch sampler; prints one table, every comparison run side by side.
 
-    python bench/sampler.py            # about 3-4 minutes on a 2-core CPU
-    python bench/sampler.py --quick    # smaller sizes, a smoke run
+    python bench/sampler.py                          # about 3-4 minutes on a 2-core CPU
+    python bench/sampler.py --quick                  # smaller sizes, one repeat: a smoke run
+    python bench/sampler.py --only throughput,toy    # some of the benchmarks
+    python bench/sampler.py --help                   # every flag
 
 1. throughput: nanopar's sampler vs `model.generate`, greedy, tags disabled, same prompts,
    batch 1 / 8 / 32, on a ~1M-parameter tiny Qwen3 (2k vocab) and on a tiny Qwen3 with the
@@ -16,30 +18,53 @@
    with the Parallel-R1 rows of benchmark 2 (same L, K = n).
 4. fork cost: duplicating a cache row K times vs re-prefilling the prefix for each branch
    (Parallel-R1's rollout), prefixes of 256 and 1,024 tokens. Target: >= 5x.
-Each time is the best of `REPEATS` runs after a warm-up. Cache memory is the peak size of the
-keys and values (for `generate`, its final cache).
+5. toy evaluation speedup (when the default run's model exists, `python train.py`): eval.py's
+   first sampler call (32 held-out problems x 4 samples, its sampling settings) decoded with
+   forking vs without (the tags read as text), easy and hard: eval.py's `speedup`, raced here
+   instead of timed once. Target: >= 1.3 easy, >= 1.0 hard (issue 13).
+Each time is the best of `--repeats` runs after a warm-up. Cache memory is the peak size of the
+keys and values (for `generate`, its final cache). The load averages before and after are
+printed with the table: on a shared machine compare rows within one run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from nanopar.config import parse_config
 from nanopar.kvcache import LaneCache
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import MAX_PATHS, NPR, TagIds
 from nanopar.tiny import tiny_qwen_model
 
-QUICK = "--quick" in sys.argv
-REPEATS = 1 if QUICK else 5
-NEW_TOKENS = 32 if QUICK else 128
+BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy")
+
+
+@dataclass
+class BenchConfig:
+    quick: bool = False  # smaller sizes (32 new tokens, paths of 32) and one repeat: a smoke run
+    only: str = ",".join(BENCHMARKS)  # comma list of the benchmarks to run: throughput, acceleration, npr, fork, toy
+    repeats: int = 0  # timed rounds per comparison after the warm-up (0 = 5; 1 with --quick)
+    threads: int = 0  # torch threads (0 = torch's default)
+    toy_model: str = "runs/default/4-rl-hard/final"  # the toy run's model for benchmark 5 (skipped when missing)
+    batches: str = "1,8,32"  # batch sizes of the throughput rows
+
+
 PROMPT = 16
 MB = 2**20
+REPEATS = 5  # set from the config in main()
+NEW_TOKENS = 128
+QUICK = False
 
 
 def race(*fns):
@@ -73,7 +98,7 @@ def generate_baseline(model, batch_prompts):
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
 
-def throughput_rows(table):
+def throughput_rows(table, batches=(1, 8, 32)):
     models = {
         "1M params, 2k vocab": tiny_qwen_model(vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2),
         "real 151,936 vocab": tiny_qwen_model(vocab_size=151936, hidden_size=64, num_layers=2),
@@ -81,7 +106,7 @@ def throughput_rows(table):
     settings, greedy = SamplerSettings(max_new_tokens=NEW_TOKENS), Policy(None, temperature=0)
     for name, model in models.items():
         params = sum(p.numel() for p in model.parameters()) / 1e6
-        for batch in (1, 8, 32):
+        for batch in batches:
             batch_prompts = prompts(batch, model.config.vocab_size)
             (ours, rollouts), (theirs, their_cache) = race(
                 lambda: sample(model, batch_prompts, greedy, settings, eos_ids=[]),
@@ -214,12 +239,12 @@ def fork_rows(table):
             out = model(input_ids=prefix, use_cache=True, logits_to_keep=1)
 
         def duplicate():
+            layers = list(out.cache.layers)
             cache = LaneCache(out.cache, [prefix_length])
-            layers = [(layer.keys, layer.values) for layer in out.cache.layers]
             cache.rebuild([0] * K, [])
+            cache.settle()  # the sampler's next step would do it; here, now
             result = cache.nbytes()
-            for layer, (k, v) in zip(out.cache.layers, layers):  # undo, for the next repeat
-                layer.keys, layer.values = k, v
+            out.cache.layers[:] = layers  # undo, for the next repeat
             return result
 
         def reprefill():
@@ -235,16 +260,75 @@ def fork_rows(table):
         )
 
 
-def main():
+def toy_rows(table, folder: str):
+    """eval.py's speedup on its first sampler call, raced: forking vs the tags read as text."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for eval.py
+    import eval as eval_script
+    from nanopar.checkpoint import schema_for
+    from nanopar.data import load_problems
+    from nanopar.model import ModelSettings, load_model
+    from nanopar.prompts import build_prompt, instructions_named, stop_ids
+
+    if not Path(folder).exists():
+        Console().print(f"toy speedup skipped: no model at {folder} (run `python train.py`)")
+        return
+    config = eval_script.EvalConfig(model=folder)  # eval.py's defaults: its sampling settings and batch
+    schema = schema_for(config.schema, folder)
+    model, tokenizer = load_model(ModelSettings(folder), schema)
+    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride, schema)
+    plain = dataclasses.replace(policy, tag_ids=None)
+    settings, eos = SamplerSettings.taken_from(config), stop_ids(model, tokenizer)
+    for name in config.benchmarks.split(","):
+        problems = load_problems(name)[: config.batch_size]
+        instructions = instructions_named(config.instructions, name, schema)
+        prompts = [build_prompt(p, tokenizer, instructions, chat=config.chat) for p in problems]
+        (par_time, par), (seq_time, seq) = race(
+            lambda: sample(model, prompts, policy, settings, eos, config.samples),
+            lambda: sample(model, prompts, plain, settings, eos, config.samples),
+        )
+        par_tokens, seq_tokens = (sum(r.stats.new_tokens for r in rs) for rs in (par, seq))
+        forks = sum(r.stats.forks for r in par)
+        table.add_row(
+            "toy eval speedup (tok/s)", f"{name}, {len(prompts)} x {config.samples} lanes, {forks} forks "
+            f"({par_tokens:,} / {seq_tokens:,} tokens)",
+            f"{par_tokens / par_time:,.0f}", f"{seq_tokens / seq_time:,.0f} sequential",
+            f"{(par_tokens / par_time) / (seq_tokens / seq_time):.2f}", ">= 1.3" if "easy" in name else ">= 1.0",
+            f"{par[0].stats.peak_cache_bytes / MB:.2f} / {seq[0].stats.peak_cache_bytes / MB:.2f}",
+        )
+
+
+def main(argv: list[str] | None = None):
+    global QUICK, REPEATS, NEW_TOKENS
+    config = parse_config(BenchConfig, argv, description=__doc__.split("\n")[0])
+    chosen = [name.strip() for name in config.only.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        raise SystemExit(f"bench/sampler.py: unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    QUICK = config.quick
+    REPEATS = config.repeats or (1 if QUICK else 5)
+    NEW_TOKENS = 32 if QUICK else 128
+    if config.threads:
+        torch.set_num_threads(config.threads)
     torch.manual_seed(0)
-    table = Table(title=f"nanopar sampler benchmark ({torch.get_num_threads()} threads, {'quick' if QUICK else 'full'})")
+    load = os.getloadavg()
+    table = Table(title=f"nanopar sampler benchmark ({torch.get_num_threads()} threads, {'quick' if QUICK else 'full'}, "
+                        f"best of {REPEATS})")
     for column in ("benchmark", "setting", "nanopar", "baseline", "ratio", "target", "cache MB (nanopar / baseline)"):
         table.add_column(column)
+    started = time.perf_counter()
     with torch.no_grad():
-        throughput_rows(table)
-        acceleration_rows(table)
-        npr_rows(table)
-        fork_rows(table)
+        if "throughput" in chosen:
+            throughput_rows(table, [int(b) for b in config.batches.split(",")])
+        if "acceleration" in chosen:
+            acceleration_rows(table)
+        if "npr" in chosen:
+            npr_rows(table)
+        if "fork" in chosen:
+            fork_rows(table)
+        if "toy" in chosen:
+            toy_rows(table, config.toy_model)
+    table.caption = (f"load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load)}, after "
+                     f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.perf_counter() - started:.0f} s")
     Console(width=200).print(table)
 
 

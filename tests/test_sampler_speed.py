@@ -1,0 +1,237 @@
+"""The sampler's outputs pinned across its speed work (issue 13): same seed, same tokens and log-probs.
+
+The per-step bookkeeping of `nanopar/sampler.py` and `nanopar/kvcache.py` was rewritten for speed
+(batched state, lazy cache compaction). Old and new code cannot run in one process, so the
+rollouts of fixed seeds were recorded with the code before that work (commit 11dae5a) and are
+pinned here: a hash of every rollout's tokens, sampled mask, finish and structure (exact), and
+each rollout's summed log-prob (to 1e-4; the per-token check against the trainer is in
+tests/test_sampler.py and tests/test_npr_schema.py). Both tag schemas, both attention modes,
+shared and disjoint path positions, plain decoding, greedy, top-k/top-p, and batches where many
+lanes finish early (the cache compaction's case).
+
+Regenerate (only when a change *means* to change what is sampled): `python tests/test_sampler_speed.py`
+prints the pins, one line each.
+"""
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from conftest import EOS, NPR_TAGS, TAGS, V, tag_biased_model
+from nanopar.policy import Policy
+from nanopar.sampler import SamplerSettings, sample
+from test_npr_schema import npr_writer
+from test_sampler import A, A_, P, P_, S, follow_bias, rule_model
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 8, 9, 10, 11], [12, 13, 14, 15, 16]]
+
+
+def parallel_r1_causal_model():
+    return follow_bias(tag_biased_model(tag_bias=2.5, eos_bias=0.5), {(P, A): 5.0, (A_, A): 3.0, (A_, P_): 3.0, (P_, S): 5.0})
+
+
+# name -> (model factory, policy, settings, samples per prompt)
+CASES = {
+    "p-r1 structured shared": (lambda: tag_biased_model(2.5, 1.0), Policy(TAGS),
+                               SamplerSettings(max_new_tokens=60, max_path_tokens=12, paths=3, seed=0), 4),
+    "p-r1 structured disjoint": (lambda: tag_biased_model(2.5, 1.0), Policy(TAGS, path_stride=14),
+                                 SamplerSettings(max_new_tokens=60, max_path_tokens=12, paths=3, seed=1), 4),
+    "p-r1 structured many lanes": (lambda: tag_biased_model(3.0, 2.0), Policy(TAGS),
+                                   SamplerSettings(max_new_tokens=48, max_path_tokens=10, paths=2, max_blocks=2, seed=2), 16),
+    "p-r1 structured top-k top-p": (lambda: tag_biased_model(2.5, 1.0), Policy(TAGS, temperature=0.8),
+                                    SamplerSettings(max_new_tokens=50, max_path_tokens=9, paths=4, top_k=40, top_p=0.9, seed=3), 6),
+    "p-r1 causal": (parallel_r1_causal_model, Policy(TAGS, "causal"),
+                    SamplerSettings(max_new_tokens=60, max_path_tokens=8, max_blocks=2, seed=4), 12),
+    "p-r1 greedy": (rule_model, Policy(TAGS, temperature=0), SamplerSettings(max_new_tokens=40, max_path_tokens=6, paths=2), 1),
+    "plain": (lambda: tag_biased_model(0.0, 1.5), Policy(None), SamplerSettings(max_new_tokens=40, seed=5), 8),
+    "npr structured shared": (npr_writer, Policy(NPR_TAGS, "structured", 1.0, V, 0),
+                              SamplerSettings(paths=3, max_new_tokens=120, max_path_tokens=8, max_blocks=3, seed=6), 8),
+    "npr structured strided": (lambda: npr_writer("qwen2"), Policy(NPR_TAGS, "structured", 1.0, V, 12),
+                               SamplerSettings(paths=3, max_new_tokens=120, max_path_tokens=8, max_blocks=3, seed=7), 8),
+    "npr causal": (lambda: npr_writer(causal=True), Policy(NPR_TAGS, "causal", 1.0, V, 0),
+                   SamplerSettings(paths=3, max_new_tokens=120, max_path_tokens=8, max_blocks=3, seed=8), 8),
+}
+
+# name -> (sha256 of the rollouts' tokens and structure, first 16 hex; summed log-prob per rollout)
+PINNED = {
+    'npr causal': ('00cb9f5f33808c15', [
+        -113.08805, -618.84047, -182.51815, -450.92624, -509.89583, -479.80739, -511.39852, -578.89165,
+        -578.45755, -555.4105, -111.4557, -543.93365, -512.98522, -525.05472, -16.92635, -344.4826,
+        -526.39418, -523.55726, -515.19953, -32.55172, -352.93361, -566.85257, -579.30353, -189.97438
+    ]),
+    'npr structured shared': ('d32b5512a7e1ca7c', [
+        -611.18419, -309.32377, -614.76062, -557.50641, -601.77667, -528.73163, -583.61251, -574.27006,
+        -567.74589, -541.14743, -560.58438, -407.73852, -538.35491, -611.50202, -557.08736, -537.40084,
+        -551.59853, -34.41987, -550.04804, -541.8801, -574.53795, -550.31343, -536.71762, -609.31043
+    ]),
+    'npr structured strided': ('6c6f4092b737f6cd', [
+        -533.52989, -598.08915, -568.31639, -589.5746, -534.97174, -273.89519, -515.98622, -373.62603,
+        -525.05074, -452.00119, -582.18438, -520.38376, -555.93099, -537.22996, -562.99729, -596.14455,
+        -603.8392, -584.2745, -549.20144, -525.05503, -567.48448, -579.47651, -563.34526, -601.07123
+    ]),
+    'p-r1 causal': ('933bd60777b35f68', [
+        -277.29671, -46.27481, -308.45293, -266.83553, -275.77832, -295.46317, -144.8023, -316.57708,
+        -295.27587, -280.47222, -219.33154, -305.81228, -137.51339, -295.9125, -275.33961, -314.19798,
+        -260.21262, -16.94503, -293.27712, -283.01221, -303.11456, -236.37343, -29.48381, -285.99322,
+        -52.46581, -301.40681, -291.0222, -266.73845, -269.50082, -284.91195, -286.662, -254.63478,
+        -304.04369, -265.65438, -272.26373, -278.70006
+    ]),
+    'p-r1 greedy': ('bc58eb157088482a', [
+        -119.45097, -129.51707, -143.8731
+    ]),
+    'p-r1 structured disjoint': ('b0a1640d2b21b4f9', [
+        -318.4493, -308.90489, -294.40673, -62.5173, -306.4842, -302.0638, -311.18179, -247.64427,
+        -16.29494, -283.23551, -322.25011, -307.66064
+    ]),
+    'p-r1 structured many lanes': ('ff9d437d65d3252e', [
+        -231.03619, -138.42486, -227.38166, -76.95367, -117.89261, -227.16315, -185.0334, -257.60841,
+        -238.56047, -217.93395, -102.84934, -199.97435, -190.07591, -249.05157, -213.78201, -134.08808,
+        -239.91954, -236.93454, -116.26236, -6.93675, -231.35316, -248.64384, -131.58139, -211.05987,
+        -233.76726, -239.85937, -183.06456, -250.88568, -185.29518, -10.08704, -225.26208, -235.27154,
+        -238.82361, -219.93426, -232.29187, -21.4299, -150.96456, -212.8045, -224.68275, -218.99432,
+        -252.35835, -3.90651, -112.62402, -246.86977, -50.9298, -19.33807, -246.96783, -36.23758
+    ]),
+    'p-r1 structured shared': ('6e6eb4cc671f308d', [
+        -10.74455, -320.81651, -318.97079, -310.73456, -307.57921, -313.83053, -301.35188, -301.57026,
+        -320.02593, -48.32672, -308.09596, -298.10315
+    ]),
+    'p-r1 structured top-k top-p': ('ab9be6d29371fcff', [
+        -155.4373, -138.65684, -128.81585, -4.46154, -127.73282, -152.56033, -7.83723, -154.7852,
+        -150.68102, -140.63309, -146.63961, -66.55567, -153.21088, -124.26801, -67.14827, -144.92515,
+        -147.34693, -20.7373
+    ]),
+    'plain': ('e1c39819bfd2154e', [
+        -220.06746, -221.42061, -222.84712, -37.53999, -58.86103, -108.85229, -221.96044, -109.13823,
+        -4.16841, -98.90324, -221.7518, -220.59949, -221.8422, -77.0516, -223.07813, -166.60846,
+        -105.24302, -187.15891, -219.17802, -114.58183, -215.44357, -169.96657, -4.04793, -222.49201
+    ]),
+}
+
+
+def run_case(name):
+    make, policy, settings, samples = CASES[name]
+    torch.manual_seed(0)
+    return sample(make(), PROMPTS, policy, settings, eos_ids=[EOS], samples_per_prompt=samples)
+
+
+def fingerprint(rollouts):
+    record = [(r.ids, r.sampled, r.finish, r.stats.path_lengths, r.stats.forks, r.stats.stray_tags,
+               r.stats.cut_paths, r.stats.sampled_tokens, r.stats.critical_path) for r in rollouts]
+    digest = hashlib.sha256(json.dumps(record).encode()).hexdigest()[:16]
+    return digest, [round(sum(r.logprobs), 5) for r in rollouts]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pinned_seeds_sample_what_they_sampled_before(name):
+    digest, sums = fingerprint(run_case(name))
+    pinned_digest, pinned_sums = PINNED[name]
+    assert digest == pinned_digest, f"{name}: the sampled tokens or structure changed"
+    assert len(sums) == len(pinned_sums)
+    assert max(abs(a - b) for a, b in zip(sums, pinned_sums)) <= 1e-4, f"{name}: log-probs moved"
+
+
+if __name__ == "__main__":  # print the pins of the code as it is now
+    for name in sorted(CASES):
+        digest, sums = fingerprint(run_case(name))
+        print(f"    {name!r}: ({digest!r}, {sums!r}),")
+
+
+# ------------------------------------------------------------------ the lazy rebuild gives what an eager one gave
+
+
+def eager_rebuild(layers, lens, keep, extra):
+    """The rebuild before issue 13 (kvcache.py at 11dae5a): zero-filled new rows, kept rows and
+    joined pieces right-aligned, shared left padding trimmed. -> (layers [(keys, values)], lens)"""
+    new_lens = [lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
+    width = max(new_lens)
+    out = []
+    for i, (keys, values) in enumerate(layers):
+        pair = []
+        for which, old in enumerate((keys, values)):
+            N, H, W, D = old.shape
+            new = old.new_zeros(len(new_lens), H, width, D)
+            shared = min(width, W)
+            new[: len(keep), :, width - shared :] = old[keep, :, W - shared :]
+            for j, piece in enumerate(extra):
+                part = piece[i][which]
+                new[len(keep) + j, :, width - part.shape[-2] :] = part
+            pair.append(new)
+        out.append(tuple(pair))
+    return out, new_lens
+
+
+@pytest.mark.parametrize("case", ["drop and duplicate", "a join longer than every row", "trim", "only joins"])
+def test_a_lazy_rebuild_applied_by_the_next_step_equals_an_eager_rebuild_and_a_concatenation(case):
+    from transformers import DynamicCache
+
+    from nanopar.kvcache import LaneCache, join
+
+    g = torch.Generator().manual_seed(0)
+    N, H, W, D, layers = 5, 2, 9, 4, 3
+    lens = [9, 4, 7, 2, 9] if case != "trim" else [5, 4, 7, 2, 6]
+    tensors = [(torch.randn(N, H, W, D, generator=g), torch.randn(N, H, W, D, generator=g)) for _ in range(layers)]
+    keep, extra_rows = {"drop and duplicate": ([4, 1, 1, 0, 3], []), "a join longer than every row": ([2, 3], [(0, 1)]),
+                        "trim": ([1, 3, 3], []), "only joins": ([], [(2, 2)])}[case]
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(tensors):
+        cache.update(k.clone(), v.clone(), i)
+    lanes = LaneCache(cache, lens)
+    # a join: row a's tokens then row b's (a merge: prefix ‖ paths)
+    extra = [join([lanes.piece(a, 0, lens[a]), lanes.piece(b, 1, lens[b])]) for a, b in extra_rows]
+    expected, expected_lens = eager_rebuild(tensors, lens, keep, extra)
+    lanes.rebuild(keep, extra)
+    assert lanes.lens == expected_lens and lanes.width == max(expected_lens) == cache.get_seq_length()
+    new = [(torch.randn(len(expected_lens), H, 1, D, generator=g), torch.randn(len(expected_lens), H, 1, D, generator=g))
+           for _ in range(layers)]
+    for i, (k, v) in enumerate(new):  # what the model's next forward does, layer by layer
+        got = cache.update(k, v, i)
+        for which in range(2):
+            assert torch.equal(got[which], torch.cat([expected[i][which], new[i][which]], dim=-2))
+    lanes.appended()
+    assert lanes.plan is None and lanes.lens == [n + 1 for n in expected_lens]
+
+
+def test_the_step_mask_is_the_mask_of_each_step():
+    from transformers import DynamicCache
+
+    from nanopar.kvcache import LaneCache
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(3, 1, 6, 2), torch.zeros(3, 1, 6, 2), 0)
+    lanes = LaneCache(cache, [6, 2, 4])
+    for step in range(40):  # past the mask's spare columns
+        width = lanes.width
+        expected = torch.zeros(3, width + 1)
+        for row, n in enumerate(lanes.lens):
+            expected[row, : width - n] = torch.finfo(torch.float32).min
+        assert torch.equal(lanes.step_mask(torch.float32)[:, 0, 0], expected)
+        cache.update(torch.zeros(3, 1, 1, 2), torch.zeros(3, 1, 1, 2), 0)
+        lanes.appended()
+        if step == 20:
+            lanes.rebuild([2, 0, 0], [])
+    lanes.rebuild([1], [])
+    assert lanes.step_mask(torch.float32) is None  # one row: no padding, sdpa's unmasked path
+
+
+def test_the_sampler_benchmark_takes_its_flags_from_a_dataclass(capsys, monkeypatch):
+    """`python bench/sampler.py --help` lists every flag and starts nothing; an unknown benchmark is a one-line error."""
+    import dataclasses
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "sampler.py"
+    spec = importlib.util.spec_from_file_location("bench_sampler", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses read the module's namespace
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--help"])
+    assert exit.value.code == 0
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(bench.BenchConfig):
+        assert "--" + field.name.replace("_", "-") in text, field.name
+    with pytest.raises(SystemExit, match="unknown benchmark speed; choose from throughput"):
+        bench.main(["--only", "speed"])
