@@ -498,3 +498,10 @@ def test_the_evaluation_batch_is_its_own_setting(tmp_path, monkeypatch):
     with pytest.raises(NanoparError, match="--eval-batch must be >= 1"):
         train.main(["--out", str(tmp_path / "b"), *SMALL, "--pretrain-data", "", "--stages", "sft",
                     "--eval-batch", "0"])
+
+
+def test_grpo_alone_on_your_own_model(tmp_path):
+    """The README's "GRPO alone" command: --stages rl-easy --skip sft starts rl-easy from --model."""
+    out = train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--stages", "rl-easy", "--skip", "sft"])
+    assert (out / "1-rl-easy" / "final").is_dir()  # the recipe without sft: rl-easy, rl-hard
+    assert [r["stage"] for r in read_metrics(out) if r.get("event") == "done"] == ["rl-easy"]
