@@ -3,8 +3,9 @@
 What it implements:
   - `ModelSettings`, one flat dataclass of everything that decides how a model is loaded;
   - `load_model`: tokenizer + causal LM from a hub id, a local folder, a nanopar checkpoint
-    folder holding a LoRA adapter (its base model is loaded first, then the adapter), or a name
-    built from code ("tiny:qwen3"; "toy:model" through `data.SOURCES`), the tags added as tokens;
+    folder holding a LoRA adapter (its base model is loaded first, then the adapter), a GGUF
+    file (`gguf_folder`: de-quantised once into a model folder next to it), or a name built
+    from code ("tiny:qwen3"; "toy:model" through `data.SOURCES`), the tags added as tokens;
   - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
   - `save_checkpoint_model` and `disable_bnb_cpu_repack`.
 
@@ -14,9 +15,12 @@ adapters stored on the hub (a checkpoint is a local folder), other PEFT methods 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import shutil
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +42,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class ModelSettings:
-    name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, or nanopar checkpoint folder
+    name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, nanopar checkpoint folder, or .gguf file
     dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto" (float32 on CPU, bf16/fp16 on GPU)
     device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when a GPU is visible)
     load_in_4bit: bool = False  # NF4 weights, double quantisation, compute in `dtype` (bitsandbytes)
@@ -86,6 +90,11 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     name, adapter_folder = settings.name_or_path, None
     if _is_built(name):
         return _load_tiny(settings, device, dtype, schema)
+    if name.lower().endswith(GGUF_SUFFIX):
+        name = gguf_folder(name)  # converted once; from here on an ordinary model folder
+    elif _looks_like_path(name) and not os.path.isdir(name):
+        raise NanoparError(f"cannot load model {name!r}: the folder does not exist (a hub id has the form "
+                           "'org/name'; check the path, or train a model there first)")
     if os.path.isdir(name):
         if os.path.isfile(os.path.join(name, "adapter_config.json")):
             adapter_folder = name
@@ -119,6 +128,102 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     elif settings.lora:
         model = apply_lora(model, settings, tag_ids)
     return model.eval(), tokenizer
+
+
+# ---------------------------------------------------------------- GGUF files
+
+GGUF_SUFFIX = ".gguf"
+GGUF_FOLDER_SUFFIX = ".nanopar"  # file.gguf -> file.gguf.nanopar/, the converted model folder
+GGUF_STAMP = "nanopar_gguf.json"  # in that folder: which file (size, mtime) it was converted from
+GGUF_HINT = "pip install gguf==0.19.0"  # the version measured with transformers 5.24 (pyproject's test extra)
+
+
+def gguf_folder(path: str, folder: str | None = None) -> str:
+    """The model folder of a GGUF file, converted on first use. -> the folder's path
+
+    transformers reads the file (its `gguf_file=` support, which needs the `gguf` package) and
+    de-quantises every weight to float32: the result is an ordinary model, which 4-bit, LoRA and
+    the tags then treat like any other. It is saved with its tokenizer to `folder` (default: next
+    to the file, `file.gguf.nanopar/`) under a temporary name and renamed into place only when
+    complete, so a killed conversion leaves no folder that looks done. A folder stamped with the
+    file's size and modification time is reused; a changed file is converted again.
+    """
+    if not os.path.isfile(path):
+        raise NanoparError(f"cannot load model {path!r}: no such GGUF file")
+    folder = folder or path + GGUF_FOLDER_SUFFIX
+    stat = os.stat(path)
+    stamp = {"file": os.path.basename(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    if _gguf_stamp(folder) == stamp:
+        return folder
+    from transformers.utils import is_gguf_available
+
+    if importlib.util.find_spec("gguf") is None or not is_gguf_available():
+        raise NanoparError(f"reading the GGUF file {path!r} needs the gguf package (>= 0.10): {GGUF_HINT}")
+    print(f"converting {path} to a model folder {folder} (once)", file=sys.stderr)
+    parent = os.path.dirname(os.path.abspath(folder))
+    temporary = os.path.join(parent, f".{os.path.basename(folder)}.incomplete-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    try:
+        where, name = os.path.split(os.path.abspath(path))
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:  # weights are dense already; drop the GGUF tag so the model saves
+            quantizer.remove_quantization_config(model)
+        model.save_pretrained(temporary)
+        tokenizer.save_pretrained(temporary)
+    except Exception as err:  # a truncated file, not a GGUF, an architecture transformers cannot read
+        shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(err, OSError) and not os.access(parent, os.W_OK):
+            raise NanoparError(f"cannot write the converted model next to {path!r} ({parent} is not writable): "
+                               "copy the file to a folder you can write") from None
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        reason = lines[0] if len(lines[0]) <= 160 else lines[0][:157] + "..."
+        raise NanoparError(f"cannot read the GGUF file {path!r} ({type(err).__name__}: {reason}): "
+                           "is it a complete GGUF of a model transformers supports?") from None
+    with open(os.path.join(temporary, GGUF_STAMP), "w") as f:
+        json.dump(stamp, f)
+    _replace_folder(temporary, folder, lambda: _gguf_stamp(folder) == stamp)
+    return folder
+
+
+def _gguf_stamp(folder: str) -> dict | None:
+    """The stamp of a converted folder, or None (no folder, or an incomplete one)."""
+    try:
+        with open(os.path.join(folder, GGUF_STAMP)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _replace_folder(temporary: str, folder: str, done_by_another) -> None:
+    """Rename `temporary` to `folder`, replacing a stale one; if another process finished the same
+    conversion first (`done_by_another()`), keep its folder and drop ours."""
+    try:
+        if os.path.isdir(folder):
+            if done_by_another():
+                shutil.rmtree(temporary)
+                return
+            old = f"{temporary}.old"
+            os.replace(folder, old)
+            os.replace(temporary, folder)
+            shutil.rmtree(old)
+        else:
+            os.replace(temporary, folder)
+    except OSError:  # the folder appeared between the check and the rename
+        if not done_by_another():
+            raise
+        shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether `name` can only be a local path, never a hub id ("org/name"): it starts with "/",
+    "./", "../" or "~", or holds more than one "/".
+
+    >>> [_looks_like_path(n) for n in ("./nope", "runs/default/final", "Qwen/Qwen3-0.6B", "gpt2")]
+    [True, True, False, False]
+    """
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..") or name.count("/") > 1
 
 
 def _is_built(name: str) -> bool:

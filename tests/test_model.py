@@ -319,12 +319,13 @@ def test_unknown_model_name_is_one_clear_line(monkeypatch):
     # read at import, so setting the variable alone is not enough.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    for name in ("nanopar-test/no-such-model", "./no/such/folder"):
+    for name, reason in (("nanopar-test/no-such-model", "not a local folder and not in the local Hugging Face cache"),
+                         ("./no/such/folder", "the folder does not exist")):  # a path, never a hub id
         with pytest.raises(NanoparError) as info:
             load_model(ModelSettings(name, device="cpu"))
         message = str(info.value)
         assert "\n" not in message and f"'{name}'" in message
-        assert "not a local folder and not in the local Hugging Face cache" in message
+        assert reason in message and "Repo id" not in message
         assert info.value.__cause__ is None
 
 

