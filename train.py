@@ -30,10 +30,10 @@ from rich.console import Console
 from rich.table import Table
 
 from nanopar import NanoparError
-from nanopar.config import parse_config, save_config
+from nanopar.config import flags_given, parse_config, save_config
 from nanopar.curriculum import TrainConfig, recipe, select
-from nanopar.defaults import apply_model_defaults
 from nanopar.data import read_jsonl, source_for
+from nanopar.defaults import apply_model_defaults
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner
@@ -89,7 +89,7 @@ def apply_preset(config: TrainConfig, argv: list[str]) -> TrainConfig:
         return config
     if config.preset not in PRESETS:
         raise NanoparError(f"unknown preset {config.preset!r}: use one of {', '.join(PRESETS)}")
-    given = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given = flags_given(argv)
     for field, value in PRESETS[config.preset].items():
         if field not in given:
             setattr(config, field, value)

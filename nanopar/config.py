@@ -51,6 +51,16 @@ def parse_config(cls, argv: list[str] | None = None, description: str = ""):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
+def flags_given(argv: list[str]) -> set[str]:
+    """The config fields named by flags in `argv` ("--max-new-tokens=9" -> "max_new_tokens"):
+    what presets and model defaults must leave alone.
+
+    >>> sorted(flags_given(["--paths", "3", "--no-lora", "--max-new-tokens=9", "x"]))
+    ['max_new_tokens', 'no_lora', 'paths']
+    """
+    return {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+
+
 def save_config(config, folder: str | Path, name: str = "config.json", extra: dict | None = None) -> Path:
     """Write the resolved config next to a run's outputs, with `extra` entries (say the stages)."""
     path = Path(folder) / name

@@ -17,10 +17,11 @@ saves. Not here: presets (train.py's `--preset long`), which are toy-only.
 
 from __future__ import annotations
 
+import json
 import os
 
-from . import data
-from .tiny import TINY_PREFIX
+from .config import flags_given
+from .model import is_built
 
 TOY_SAMPLING = {"paths": 3, "max_new_tokens": 160, "max_path_tokens": 48}  # the toy teacher's traces fit these
 REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1: K = 2
@@ -42,18 +43,14 @@ REAL_TRAINING = {  # TrainConfig fields of a real model's run
 def built_from_code(model: str) -> bool:
     """Whether `model` is built from code ("toy:model", "tiny:qwen3") or a checkpoint trained from
     one (its adapter_config.json names such a base), rather than real pretrained weights."""
-    if model.startswith(TINY_PREFIX) or data.source_for(model) is not None:
+    if is_built(model):
         return True
     adapter = os.path.join(model, "adapter_config.json")
     if os.path.isfile(adapter):
-        import json
-
         with open(adapter) as f:
             return built_from_code(json.load(f).get("base_model_name_or_path", ""))
     config = os.path.join(model, "run_config.json")  # a full (non-LoRA) nanopar checkpoint of a built model
     if os.path.isfile(config):
-        import json
-
         with open(config) as f:
             return built_from_code(json.load(f).get("model", ""))
     return False
@@ -65,7 +62,7 @@ def apply_model_defaults(config, argv: list[str], training: bool = False) -> lis
     model = config.model
     if not model or built_from_code(model):
         return []
-    given = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given = flags_given(argv)
     changed = []
     for field, value in (REAL_SAMPLING | (REAL_TRAINING if training else {})).items():
         if hasattr(config, field) and field not in given and getattr(config, field) != value:

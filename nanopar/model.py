@@ -88,7 +88,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     """
     device, dtype = resolve_device_and_dtype(settings)
     name, adapter_folder = settings.name_or_path, None
-    if _is_built(name):
+    if is_built(name):
         return _load_tiny(settings, device, dtype, schema)
     if name.lower().endswith(GGUF_SUFFIX):
         name = gguf_folder(name)  # converted once; from here on an ordinary model folder
@@ -103,7 +103,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
         elif not os.path.isfile(os.path.join(name, "config.json")):
             raise NanoparError(f"cannot load model {name!r}: the folder has no config.json "
                                "(nor adapter_config.json of a nanopar checkpoint)")
-    if _is_built(name):  # a checkpoint trained from a built model
+    if is_built(name):  # a checkpoint trained from a built model
         model, tokenizer = _built_model(name, dtype, settings.attn_implementation)
     else:
         tokenizer = _from_pretrained(AutoTokenizer, name)
@@ -226,7 +226,7 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..") or name.count("/") > 1
 
 
-def _is_built(name: str) -> bool:
+def is_built(name: str) -> bool:
     """Whether `name` is built from code rather than loaded: "tiny:..." or a data source's ("toy:model")."""
     return name.startswith(TINY_PREFIX) or data.source_for(name) is not None
 
