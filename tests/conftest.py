@@ -68,23 +68,39 @@ def bias_logits(model, bias: dict[int, float]):
 
 def next_token_bias(model, table: torch.Tensor):
     """Add `table[fed]` ([V] logits) at every position whose input token is `fed`, in the sampler's
-    forwards and the trainer's chunked read alike. That read runs the decoder, then hands the LM
-    head only the positions it reads, chunk by chunk, so a hook on the whole model would not see
-    it: a hook on the decoder files each position's bias under its final hidden state, and one on
-    the head adds it to the row of that hidden state. -> the two hooks' handles"""
+    forwards and the trainer's chunked read alike (`hidden_state_bias`). -> its handle"""
+    return hidden_state_bias(model, lambda kwargs: table[kwargs["input_ids"].flatten()])
+
+
+def hidden_state_bias(model, bias_of):
+    """Add logits to each position, chosen from the decoder's call: `bias_of(decoder kwargs)` gives
+    one [V] row per position ([B * T, V], e.g. by input id or by position id). The trainer's
+    chunked read runs the decoder, then hands the LM head only the positions it reads, chunk by
+    chunk, so a hook on the whole model would not see it: a hook on the decoder files each
+    position's bias under its final hidden state, and one on the head adds it to the row of that
+    hidden state. -> a handle whose remove() takes both hooks off"""
     by_state = {}  # the bytes of a final hidden state -> the bias of its position
 
     def record(module, args, kwargs, out):
         hidden = out.last_hidden_state.detach()
         by_state.clear()
-        by_state.update(zip(map(_row_key, hidden.reshape(-1, hidden.shape[-1])), table[kwargs["input_ids"].flatten()]))
+        by_state.update(zip(map(_row_key, hidden.reshape(-1, hidden.shape[-1])), bias_of(kwargs)))
 
     def add(module, args, out):  # out [..., V]
         rows = args[0].detach().reshape(-1, args[0].shape[-1])
         return out + torch.stack([by_state[_row_key(row)] for row in rows]).reshape(out.shape).to(out)
 
-    return (model.get_decoder().register_forward_hook(record, with_kwargs=True),
-            model.get_output_embeddings().register_forward_hook(add))
+    return _Handles([model.get_decoder().register_forward_hook(record, with_kwargs=True),
+                     model.get_output_embeddings().register_forward_hook(add)])
+
+
+class _Handles:
+    def __init__(self, handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 def _row_key(row: torch.Tensor) -> bytes:

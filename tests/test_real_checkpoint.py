@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import one_line
+from conftest import hidden_state_bias, one_line
 from nanopar import NanoparError
 from nanopar import model as nm
 from nanopar.checkpoint import save_checkpoint
@@ -78,38 +78,14 @@ def load(folder: str, schema=PARALLEL_R1, seed: int = 0, **settings):
 def fork_at(model, tag_ids: TagIds, position: int, open_path: bool = False):
     """Add FORK_BIAS to the logit of <Parallel> where the input token sits at `position` (so the
     token at position + 1 is <Parallel>), and with `open_path` to <Path>'s one position later
-    (causal mode, where the model writes <Path> itself). The trainer's chunked read runs the
-    decoder, then the LM head on the positions it reads, so the bias goes where both see it: a
-    hook on the decoder files each final hidden state's bias by its position id, one on the head
-    adds it to that row. -> a handle whose remove() takes both hooks off"""
+    (causal mode, where the model writes <Path> itself); by position id, where the sampler and the
+    trainer's chunked read both see it (`conftest.hidden_state_bias`). -> its handle"""
     V = model.get_output_embeddings().weight.shape[0]
-    table = {position: torch.zeros(V), position + 1: torch.zeros(V)}
-    table[position][tag_ids.block_open] = FORK_BIAS
+    table = torch.zeros(position + 3, V)  # a row per position; the last: every later position (no bias)
+    table[position, tag_ids.block_open] = FORK_BIAS
     if open_path:
-        table[position + 1][tag_ids.path_open] = FORK_BIAS
-    zero, by_state = torch.zeros(V), {}
-
-    def record(module, args, kwargs, out):
-        hidden = out.last_hidden_state.detach()  # [B, T, d]
-        positions = kwargs["position_ids"].expand(hidden.shape[:2]).flatten().tolist()
-        by_state.clear()
-        for row, p in zip(hidden.reshape(-1, hidden.shape[-1]), positions):
-            by_state[row.cpu().numpy().tobytes()] = table.get(p, zero)
-
-    def add(module, args, out):  # out [..., V]
-        rows = args[0].detach().reshape(-1, args[0].shape[-1])
-        bias = torch.stack([by_state.get(row.cpu().numpy().tobytes(), zero) for row in rows])
-        return out + bias.reshape(out.shape).to(out)
-
-    handles = [model.get_decoder().register_forward_hook(record, with_kwargs=True),
-               model.get_output_embeddings().register_forward_hook(add)]
-
-    class Both:
-        def remove(self):
-            for handle in handles:
-                handle.remove()
-
-    return Both()
+        table[position + 1, tag_ids.path_open] = FORK_BIAS
+    return hidden_state_bias(model, lambda kwargs: table[kwargs["position_ids"].flatten().clamp(max=position + 2)])
 
 
 def prompts_of(tokenizer) -> list[list[int]]:
