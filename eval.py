@@ -65,7 +65,7 @@ TOY_RUN_MODEL = "runs/default/4-rl-hard/final"  # what `python train.py` leaves
 @dataclass
 class EvalConfig(SamplerSettings):
     # what to evaluate
-    model: str = TOY_RUN_MODEL  # hub id, local folder, nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
+    model: str = TOY_RUN_MODEL  # hub id, local folder, .gguf file (converted once), nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
     benchmarks: str = "toy:easy:heldout,toy:hard:heldout"  # comma list: gsm8k, math500, aime24, aime25, amc23, .jsonl, hub name, toy:...
     question_field: str = ""  # question field of .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # gold answer field ("" = answer)

@@ -34,7 +34,7 @@ from nanopar.show import rollout_record, trace_tree
 
 @dataclass
 class SampleConfig(SamplerSettings):
-    model: str = ""  # hub id, local model folder, or nanopar checkpoint folder (required)
+    model: str = ""  # hub id, local model folder, .gguf file (converted once), or nanopar checkpoint folder (required)
     prompt: str = ""  # one prompt (or use --prompts-file)
     prompts_file: str = ""  # .txt (one per line), .jsonl (question/problem/prompt) or a benchmark name
     samples: int = 1  # responses per prompt

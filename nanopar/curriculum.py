@@ -64,7 +64,7 @@ class TrainConfig(SamplerSettings):
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
     preset: str = ""  # "long": the ~25-minute toy run (train.py's PRESETS); flags given explicitly still win
     # the model
-    model: str = "toy:model"  # hub id, local folder, nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
+    model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
     load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
     lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight; real model: True
     lora_rank: int = 16  # LoRA r

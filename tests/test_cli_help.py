@@ -29,3 +29,12 @@ def test_help_lists_every_flag(script, config, capsys):
     if script is train:
         assert '"cosine" (to 10%)' in " ".join(text.split())  # the comment, with its percent sign
         assert "--gradient-checkpointing" in text and "--max-paths" not in text  # a GPU knob; a constant
+
+
+@pytest.mark.parametrize("script", [train, sample, eval_script])
+def test_the_model_flag_says_a_gguf_file_is_a_model(script, capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    model_help = text[text.index("--model MODEL ", text.index("options:")):][:300]  # the option, not the usage line
+    assert ".gguf file" in model_help, model_help
