@@ -7,6 +7,7 @@
     python train.py --model path/to/model --stages rl-easy --skip sft  # GRPO alone, on your model
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
     python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
+    python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (~17 min)
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
@@ -29,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from nanopar import NanoparError
+from nanopar import NanoparError, ablations
 from nanopar.config import flags_given, parse_config, save_config
 from nanopar.curriculum import TrainConfig, recipe  # noqa: F401  (recipe: train.recipe(config), the resolved stages)
 from nanopar.defaults import apply_model_defaults
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> Path:
         return png
     if config.reward_file:
         console.print(f"rewards from {config.reward_file}: {', '.join(load_reward_file(config.reward_file))}")
+    if config.ablations:  # Parallel-R1's ablations: several runs from one base, then a table per ablation
+        return ablations.run(config, argv, console)
     runner, chosen = open_run(config, console)
     save_config(config, runner.out, extra={"resolved_stages": [dataclasses.asdict(s) for s in runner.stages]})
     started = time.perf_counter()
