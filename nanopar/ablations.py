@@ -133,7 +133,7 @@ ABLATIONS = [  # the paper's numbers: Parallel-R1 (Qwen3-4B; AIME24/25, AMC23, M
              (("Seen", "seen"), ("Seen, no rl-easy", "seen-no-rl-easy"), ("Unseen", "unseen"),
               ("Unseen, no rl-easy", "unseen-no-rl-easy")),
              "The paper's difference is its math benchmarks' average: compare it with our hard set's",
-             paper={"seen": 2.3, "unseen": -8.6}, paper_row="paper: accuracy, with - without stage 1",
+             paper={"seen": 2.3, "unseen": -8.6}, paper_row="paper: with - without stage 1",
              paper_kind="points", differences={"seen": "seen-no-rl-easy", "unseen": "unseen-no-rl-easy"}),
     Ablation("(c) shared vs disjoint path positions (Unseen)",
              (("shared (stride 0)", "unseen"), ("disjoint", "unseen-disjoint")),
@@ -239,12 +239,12 @@ def tables(opened: dict) -> list[Table]:
 
 def extra_rows(ablation: Ablation, opened: dict) -> dict[str, list[str]]:
     """The rows under an ablation's table: our held-out accuracy with - without rl-easy on each
-    set (stage 1), then the paper's number for each arm it reports."""
+    set, in points (stage 1), then the paper's number for each arm it reports."""
     arms_ = [arm for _, arm in ablation.columns]
     rows = {}
     if ablation.differences:
         for spec in opened[arms_[0]][1].eval_sets():
-            rows[f"{set_label(spec)}: accuracy, with - without rl-easy"] = [
+            rows[f"{set_label(spec)}: with - without rl-easy"] = [
                 _points(_accuracy(opened, arm, spec) - _accuracy(opened, ablation.differences[arm], spec))
                 if arm in ablation.differences else "" for arm in arms_]
     if ablation.paper:
