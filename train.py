@@ -7,6 +7,7 @@
     python train.py --model path/to/model --stages rl-easy --skip sft  # GRPO alone, on your model
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
     python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
+    python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (~17 min)
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
@@ -29,53 +30,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from nanopar import NanoparError
+from nanopar import NanoparError, ablations
 from nanopar.config import flags_given, parse_config, save_config
-from nanopar.curriculum import TrainConfig, recipe, select
-from nanopar.data import read_jsonl, source_for
+from nanopar.curriculum import TrainConfig, recipe  # noqa: F401  (recipe: train.recipe(config), the resolved stages)
 from nanopar.defaults import apply_model_defaults
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
-from nanopar.runner import Runner
-from nanopar.show import STAGE_ROWS, metric_cell
+from nanopar.runner import Runner, open_run
+from nanopar.show import stage_table
 
 
 def summary(runner: Runner, stages) -> Table:
     """Stages as columns: their training numbers, then the held-out results of each stage's model."""
-    records = read_jsonl(runner.out / "metrics.jsonl")
     c = runner.config
-    sets = runner.eval_sets() if c.eval_problems else []
-    table = Table(title=f"{runner.out}: held-out results after each stage "
-                        f"(first {c.eval_problems} problems of each set, {c.eval_samples} samples at T = {c.temperature:g})")
-    table.add_column("", no_wrap=True)
-    for stage in stages:
-        table.add_column(stage.name, justify="right", overflow="fold")
-    columns = []
-    for stage in stages:
-        rows = [r for r in records if r.get("stage") == stage.name]
-        steps = [r for r in rows if "step" in r]
-        results = runner.evaluate(stage) if stage.kind != "distill" else None
-        column = {"steps": str(steps[-1]["step"]) if steps else "-",
-                  "reward (last 5 steps)": metric_cell(_mean([r["reward"] for r in steps[-5:] if "reward" in r]),
-                                                       "number"),
-                  "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
-        for spec in sets:
-            result = (results or {}).get(spec, {})
-            for row in STAGE_ROWS:
-                column[f"{_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
-        columns.append(column)
-    for name in columns[0] if columns else []:
-        table.add_row(name, *[column[name] for column in columns], end_section=name == "seconds")
-    return table
-
-
-def _label(spec: str) -> str:
-    """A short column name for an evaluation set: a registered source's "toy:easy:heldout" -> "easy"."""
-    return spec.split(":")[1] if source_for(spec) is not None else Path(spec).stem
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    return stage_table(f"{runner.out}: held-out results after each stage (first {c.eval_problems} problems of each "
+                       f"set, {c.eval_samples} samples at T = {c.temperature:g})",
+                       [(stage.name, runner, stage) for stage in stages])
 
 
 PRESETS = {  # name -> the TrainConfig fields it changes
@@ -110,13 +80,10 @@ def main(argv: list[str] | None = None) -> Path:
         return png
     if config.reward_file:
         console.print(f"rewards from {config.reward_file}: {', '.join(load_reward_file(config.reward_file))}")
-    stages = recipe(config)
-    chosen = select(stages, config.stages)
-    runner = Runner(config, stages, console)
-    config.eval_data = ",".join(runner.eval_sets())  # "auto" resolved: config.json says what was held out
-    config.schema = runner.schema.name  # "" resolved: checkpoints say which tags they were trained on
-    runner.validate(chosen)
-    save_config(config, runner.out, extra={"resolved_stages": [dataclasses.asdict(s) for s in stages]})
+    if config.ablations:  # Parallel-R1's ablations: several runs from one base, then a table per ablation
+        return ablations.run(config, argv, console)
+    runner, chosen = open_run(config, console)
+    save_config(config, runner.out, extra={"resolved_stages": [dataclasses.asdict(s) for s in runner.stages]})
     started = time.perf_counter()
     for stage in chosen:
         runner.run(stage)

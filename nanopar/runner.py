@@ -11,8 +11,9 @@ A stage whose `final/` (or `traces.jsonl`) exists is done and skipped; a stage w
 resumes from the latest: model, optimiser, scheduler and RNG states, and the step. Everything a
 step draws is seeded from (seed, stage, step), so a resumed run repeats exactly what the
 interrupted one would have done. Ctrl-C saves a checkpoint first. The runner is bookkeeping only:
-one GRPO step is `grpo.grpo_step`, one SFT step `sft.sft_step`. Not here: the stage lists and the
-config (curriculum.py), the flags and the final table (train.py).
+one GRPO step is `grpo.grpo_step`, one SFT step `sft.sft_step`; `open_run` makes a checked
+Runner from a config (train.py's run and each arm of --ablations). Not here: the stage lists and
+the config (curriculum.py), the flags (train.py), the final table (show.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rich.console import Console
 
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
-from .curriculum import Stage, TrainConfig, schema_of, source_of
+from .curriculum import Stage, TrainConfig, recipe, schema_of, select, source_of
 from .data import SLICE, Problem, load_problems, load_traces, test_set_of, write_jsonl
 from .evaluation import evaluate, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
@@ -365,6 +366,20 @@ class Runner:
                 raise NanoparError(f"{stage.name}: no traces in {stage.traces}")
         for spec in self.eval_sets() if self.config.eval_problems else []:
             self.eval_problems(spec)
+
+
+def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runner, list[Stage]]:
+    """The run `config` describes, checked and ready: its Runner (over the whole recipe) and the
+    stages --stages chooses. "auto" evaluation data and the "" schema are resolved in `config`, so
+    the config.json saved from it says what was held out and which tags the checkpoints hold.
+    Every input is checked before any model loads (`Runner.validate`)."""
+    stages = recipe(config)
+    chosen = select(stages, config.stages)
+    runner = Runner(config, stages, console)
+    config.eval_data = ",".join(runner.eval_sets())
+    config.schema = runner.schema.name
+    runner.validate(chosen)
+    return runner, chosen
 
 
 def _tail(spec: str) -> tuple[str, int]:

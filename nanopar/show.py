@@ -6,13 +6,16 @@ Also `rollout_record`, the machine-readable form of a rollout (sample.py --json,
 and what every script's display shares: the progress bar (with plain lines where the output is
 not a terminal), how a metric is written in a table
 (`metric_cell`), and the one list of metric rows with their names and kinds (`METRIC_ROWS`),
-from which train.py's table of stages, eval.py's tables and --compare all take theirs. Not
-here: computing the metrics (metrics.py, evaluation.py).
+from which train.py's table of stages, eval.py's tables and --compare all take theirs; the
+table of stages itself (`stage_table`), which train.py's final table and --ablations' tables
+(several runs side by side) both draw. Not here: computing the metrics (metrics.py,
+evaluation.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,6 +23,7 @@ from rich import box
 from rich.table import Table
 from rich.tree import Tree
 
+from .data import read_jsonl, source_for
 from .trace import trace_stats
 
 
@@ -198,3 +202,52 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("seconds", "seconds", "count"),
 ]
 STAGE_ROWS = [row for row in METRIC_ROWS if row.stage]  # train.py's held-out rows, per evaluation set
+
+
+def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | None = None,
+                caption: str | None = None) -> Table:
+    """Stages as columns, each `(head, runner, stage)` (several runs may share a table): their
+    training numbers, then the held-out results of each stage's model (`runner.evaluate`: its
+    eval.json, or an evaluation now), then the `extra` rows, one cell per column, as a section of
+    their own (--ablations: the papers' numbers)."""
+    table = Table(title=title, caption=caption)
+    table.add_column("", no_wrap=True)
+    for head, _, _ in columns:
+        table.add_column(head, justify="right", overflow="fold")
+    records = {}  # run folder -> its metrics.jsonl
+    rows: dict[str, list[str]] = {}
+    for head, runner, stage in columns:
+        if runner.out not in records:
+            records[runner.out] = read_jsonl(runner.out / "metrics.jsonl")
+        column = _stage_column(runner, stage, records[runner.out])
+        for name, cell in column.items():
+            rows.setdefault(name, []).append(cell)
+    last = list(rows)[-1] if rows and extra else None  # the extra rows are a section of their own
+    for name, cells in rows.items():
+        table.add_row(name, *cells, end_section=name in ("seconds", last))
+    for name, cells in (extra or {}).items():
+        table.add_row(name, *cells)
+    return table
+
+
+def _stage_column(runner, stage, records: list[dict]) -> dict[str, str]:
+    """{row name: cell} of one stage: steps, mean reward of its last 5 steps, seconds, then
+    STAGE_ROWS per evaluation set."""
+    config = runner.config
+    rows = [r for r in records if r.get("stage") == stage.name]
+    steps = [r for r in rows if "step" in r]
+    results = runner.evaluate(stage) if stage.kind != "distill" else None
+    rewards = [r["reward"] for r in steps[-5:] if "reward" in r]
+    column = {"steps": str(steps[-1]["step"]) if steps else "-",
+              "reward (last 5 steps)": metric_cell(sum(rewards) / len(rewards) if rewards else None, "number"),
+              "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
+    for spec in runner.eval_sets() if config.eval_problems else []:
+        result = (results or {}).get(spec, {})
+        for row in STAGE_ROWS:
+            column[f"{set_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
+    return column
+
+
+def set_label(spec: str) -> str:
+    """A short name for an evaluation set: a registered source's "toy:easy:heldout" -> "easy"."""
+    return spec.split(":")[1] if source_for(spec) is not None else Path(spec).stem
