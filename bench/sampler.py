@@ -22,6 +22,9 @@
    first sampler call (32 held-out problems x 4 samples, its sampling settings) decoded with
    forking vs without (the tags read as text), easy and hard: eval.py's `speedup`, raced here
    instead of timed once. Target: >= 1.3 easy, >= 1.0 hard (issue 13).
+6. decode step cost: one plain forward of a decode step (no sampler) on the 1.2M model, timed
+   over rows x cached columns and fitted as fixed + per row + per cell (row x column): where the
+   fixed part is small, forking (fewer steps, the same row-steps) cannot speed decoding up.
 Each time is the best of `--repeats` runs after a warm-up. Cache memory is the peak size of the
 keys and values (for `generate`, its final cache). The load averages before and after are
 printed with the table: on a shared machine compare rows within one run.
@@ -47,13 +50,13 @@ from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import MAX_PATHS, NPR, TagIds
 from nanopar.tiny import tiny_qwen_model
 
-BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy")
+BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy", "steps")
 
 
 @dataclass
 class BenchConfig:
     quick: bool = False  # smaller sizes (32 new tokens, paths of 32) and one repeat: a smoke run
-    only: str = ",".join(BENCHMARKS)  # comma list of the benchmarks to run: throughput, acceleration, npr, fork, toy
+    only: str = ",".join(BENCHMARKS)  # comma list of the benchmarks to run: throughput, acceleration, npr, fork, toy, steps
     repeats: int = 0  # timed rounds per comparison after the warm-up (0 = 5; 1 with --quick)
     threads: int = 0  # torch threads (0 = torch's default)
     toy_model: str = "runs/default/4-rl-hard/final"  # the toy run's model for benchmark 5 (skipped when missing)
@@ -297,6 +300,32 @@ def toy_rows(table, folder: str):
         )
 
 
+def step_rows(table):
+    """A decode step's forward, fitted as t = fixed + a * rows + c * rows * columns (least squares)."""
+    from transformers import DynamicCache
+
+    model = tiny_qwen_model(vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
+    sizes = [(N, W) for W in (20, 60, 120, 200) for N in ((4, 32) if QUICK else (4, 16, 48, 96, 128, 160))]
+    times = []
+    for N, W in sizes:
+        ids = torch.randint(10, 2000, (N, W))
+        layers = [(l.keys, l.values) for l in model(input_ids=ids, use_cache=True).cache.layers]
+        mask = torch.zeros(N, 1, 1, W + 1)
+        mask[0, ..., :3] = torch.finfo(torch.float32).min  # one padded row, as the sampler's steps mostly have
+        step = lambda: model(input_ids=ids[:, :1], attention_mask=mask, position_ids=torch.full((N, 1), W),
+                             cache=DynamicCache(ddp_cache_data=layers, config=model.config), use_cache=True)
+        ((seconds, _),) = race(step)
+        times.append(seconds)
+    X = torch.tensor([[1.0, N, N * (W + 1)] for N, W in sizes], dtype=torch.float64)  # [S, 3]
+    fixed, per_row, per_cell = torch.linalg.lstsq(X, torch.tensor(times, dtype=torch.float64)[:, None]).solution[:, 0].tolist()
+    at = lambda N, W: fixed + per_row * N + per_cell * N * (W + 1)
+    table.add_row(
+        "decode step cost", f"1.2M model, {len(sizes)} sizes: fixed + per row + per cell",
+        f"{fixed * 1e3:.2f} ms + {per_row * 1e6:.1f} us + {per_cell * 1e9:.0f} ns", "128 rows x 64 columns",
+        f"fixed {fixed / at(128, 64):.0%}", "(none)", "",
+    )
+
+
 def main(argv: list[str] | None = None):
     global QUICK, REPEATS, NEW_TOKENS
     config = parse_config(BenchConfig, argv, description=__doc__.split("\n")[0])
@@ -327,6 +356,8 @@ def main(argv: list[str] | None = None):
             fork_rows(table)
         if "toy" in chosen:
             toy_rows(table, config.toy_model)
+        if "steps" in chosen:
+            step_rows(table)
     table.caption = (f"load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load)}, after "
                      f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.perf_counter() - started:.0f} s")
     Console(width=200).print(table)
