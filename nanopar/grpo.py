@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +81,9 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
         update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
                              tokenizer.pad_token_id or 0, reference, scheduler)
     elif scheduler is not None:
-        scheduler.step()
+        with warnings.catch_warnings():  # torch warns when a schedule moves before any optimiser step: here it is meant
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            scheduler.step()
     trained = time.perf_counter()
     tokens = sum(r.stats.new_tokens for r in rollouts)
     return rollouts, rollout_metrics(rollouts, results, G) | update | {

@@ -2,6 +2,7 @@
 
 import copy
 import statistics
+import warnings
 
 import pytest
 import torch
@@ -200,6 +201,7 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     kept ones (issue 11: before, every rollout was normalised and the invalid ones dropped after),
     the same parameters after the update."""
     import copy
+    import warnings
 
     import nanopar.grpo
     from conftest import text_rollout
@@ -382,10 +384,13 @@ def test_a_step_with_nothing_to_learn_is_skipped(monkeypatch):
     monkeypatch.setattr(nanopar.grpo, "sample", lambda *args: scripted)
     forwards = []
     model.get_decoder().register_forward_hook(lambda *args: forwards.append(1))
-    optimizer = make_optimizer(model, lr=1e-3)[0]
-    _, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, SamplerSettings(),
-                           GRPOSettings(group_size=2), "accuracy")
+    optimizer, scheduler = make_optimizer(model, lr=1e-3, warmup_steps=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the schedule moves on before any optimiser step, on purpose: no warning
+        _, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, SamplerSettings(),
+                               GRPOSettings(group_size=2), "accuracy", scheduler=scheduler)
     assert metrics["skipped_no_signal"] and "loss" not in metrics and not forwards
+    assert scheduler.last_epoch == 1 and optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 4)  # kept its place
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters()))
     scripted[0] = text_rollout(prompts[0], tokenizer.encode(f"Final Answer: {problems[0].answer}") + [eos[0]],
                                policy.tag_ids)  # one right answer: a signal, so a real step
