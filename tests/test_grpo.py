@@ -201,7 +201,6 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     kept ones (issue 11: before, every rollout was normalised and the invalid ones dropped after),
     the same parameters after the update."""
     import copy
-    import warnings
 
     import nanopar.grpo
     from conftest import text_rollout
