@@ -136,6 +136,9 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
 
     accuracy is mean@k: the mean over problems of (correct samples / samples), under the strict
     reading (what rewards use); `accuracy_flexible` is the same under the flexible reading.
+    `accuracy_se` is its standard error with problems as the unit (the k samples of a problem are
+    not independent): the standard deviation of the per-problem accuracies over sqrt(problems)
+    (None for one problem); with k = 1 it is the binomial sqrt(p (1 - p) / (n - 1)).
     `answers_found` / `answers_found_flexible` are the shares of responses in which each reading
     found an answer, `parse_failures` / `parse_failures_flexible` those it could not grade (no
     answer, or math-verify could not read it): a model that fails at the format, not at the maths,
@@ -160,6 +163,7 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "samples": len(records),
         "k": k,
         "accuracy": statistics.fmean(sum(c) / len(c) for c in correct.values()),
+        "accuracy_se": _standard_error([sum(c) / len(c) for c in correct.values()]),
         "accuracy_flexible": statistics.fmean(sum(c) / len(c) for c in flexible.values()) if both else None,
         "answers_found": _share_set(records, "extracted"),
         "answers_found_flexible": _share_set(records, "flexible_extracted") if both else None,
@@ -169,6 +173,15 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "parse_failures_flexible": _share_set(records, "flexible_error") if both else None,
         **structure_metrics(records),
     }
+
+
+def _standard_error(values: list[float]) -> float | None:
+    """The standard error of the mean of `values` (sample standard deviation / sqrt(n)).
+
+    >>> round(_standard_error([1, 0, 0, 0]), 4)  # standard deviation 0.5, over sqrt(4)
+    0.25
+    """
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
 def _share_set(records: list[dict], key: str) -> float | None:

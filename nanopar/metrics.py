@@ -7,7 +7,7 @@ responses into the numbers the papers track: parallel ratio (valid parallel trac
 `parallel` reward judges them, by `format.check_parallel`), mean relative position of `<Parallel>`
 (Parallel-R1's drift from ~0.4 to ~0.8), blocks per response, paths per block and the share of
 each branch count (NPR: how many plans the model chose), acceleration
-(tokens / critical-path tokens), length and truncation rate. A GRPO step (`rollout_metrics`,
+(tokens / critical-path tokens; over all responses, and over those with a block), length and truncation rate. A GRPO step (`rollout_metrics`,
 from rollouts) and an evaluation (`evaluation.summarize`, from saved records) both call it, so
 the two cannot count differently. `rollout_metrics` adds the reward (total and by component),
 accuracy, answer-parse failures and the fraction of groups whose rewards are all equal (they
@@ -49,7 +49,9 @@ def structure_metrics(responses: list[dict]) -> dict:
     `relative_position`, `paths_per_block` and `branches_per_block` are means over blocks (None
     when there is none), `branch_counts` the share of blocks with each branch count ({"2": 0.75,
     "3": 0.25}; under NPR the plans of each guideline, the model's choice: in structured sampling
-    the engine forks that many steps); acceleration is total tokens / total critical-path tokens.
+    the engine forks that many steps); acceleration is total tokens / total critical-path tokens,
+    `block_acceleration` the same over the responses that open at least one block (None without
+    one): what the blocks a model writes save, undiluted by the responses that write none.
 
     >>> plain = {"has_parallel": False, "blocks": 0, "paths_per_block": [], "branches_per_block": [], "relative_positions": [],
     ...          "new_tokens": 10, "critical_path": 10, "finish": "length"}
@@ -58,8 +60,8 @@ def structure_metrics(responses: list[dict]) -> dict:
     >>> m = structure_metrics([block, plain])
     >>> m["parallel_ratio"], m["paths_per_block"], m["acceleration"], m["response_length"], m["truncation_rate"]
     (0.5, 3.0, 1.6, 20.0, 0.5)
-    >>> m["branch_counts"]
-    {'3': 1.0}
+    >>> m["branch_counts"], m["block_acceleration"]
+    ({'3': 1.0}, 2.0)
     """
     positions = [p for r in responses for p in r["relative_positions"]]
     paths = [n for r in responses for n in r["paths_per_block"]]
@@ -72,10 +74,15 @@ def structure_metrics(responses: list[dict]) -> dict:
         "paths_per_block": fmean(paths) if paths else None,
         "branches_per_block": fmean(branches) if branches else None,
         "branch_counts": {str(n): counts[n] / len(branches) for n in sorted(counts)} if branches else None,
-        "acceleration": sum(r["new_tokens"] for r in responses) / max(sum(r["critical_path"] for r in responses), 1),
+        "acceleration": _acceleration(responses),
+        "block_acceleration": _acceleration([r for r in responses if r["blocks"]]) if any(r["blocks"] for r in responses) else None,
         "response_length": fmean(r["new_tokens"] for r in responses),
         "truncation_rate": fmean(r["finish"] == "length" for r in responses),
     }
+
+
+def _acceleration(responses: list[dict]) -> float:
+    return sum(r["new_tokens"] for r in responses) / max(sum(r["critical_path"] for r in responses), 1)
 
 
 def rollout_metrics(rollouts, results, group_size: int) -> dict:

@@ -180,6 +180,7 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("problems", "problems", "count"),
     Row("samples", "responses", "count"),
     Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),  # the strict reading
+    Row("accuracy_se", "  standard error", "rate", stage="accuracy SE"),  # problems as the unit
     Row("accuracy_flexible", "  flexible reading", "rate", brief="flexible"),  # + "#### N", the last number
     Row("answers_found", "answers found (strict)", "rate"),
     Row("answers_found_flexible", "answers found (flexible)", "rate"),
@@ -193,6 +194,7 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("parse_failures", "answer parse failures", "rate"),
     Row("parse_failures_flexible", "  flexible reading", "rate"),
     Row("acceleration", "acceleration (x)", "number", stage="acceleration", brief="accel."),
+    Row("block_acceleration", "  responses with a block", "number", stage="accel. with block"),
     Row("response_length", "length (tokens)", "number"),
     Row("truncation_rate", "truncated", "rate", stage="truncated"),
     Row("tokens_per_second", "decode tokens/s", "count", brief="tok/s"),
@@ -209,17 +211,19 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
     """Stages as columns, each `(head, runner, stage)` (several runs may share a table): their
     training numbers, then the held-out results of each stage's model (`runner.evaluate`: its
     eval.json, or an evaluation now), then the `extra` rows, one cell per column, as a section of
-    their own (--ablations: the papers' numbers)."""
+    their own (--ablations: the papers' numbers). The title ends with the largest standard
+    error of an accuracy cell, so a reader knows which differences are noise."""
     table = Table(title=title, caption=caption)
     table.add_column("", no_wrap=True)
     for head, _, _ in columns:
         table.add_column(head, justify="right", overflow="fold")
     records = {}  # run folder -> its metrics.jsonl
     rows: dict[str, list[str]] = {}
+    errors: list[float] = []  # the accuracy cells' standard errors
     for head, runner, stage in columns:
         if runner.out not in records:
             records[runner.out] = read_jsonl(runner.out / "metrics.jsonl")
-        column = _stage_column(runner, stage, records[runner.out])
+        column = _stage_column(runner, stage, records[runner.out], errors)
         for name, cell in column.items():
             rows.setdefault(name, []).append(cell)
     last = list(rows)[-1] if rows and extra else None  # the extra rows are a section of their own
@@ -227,12 +231,14 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
         table.add_row(name, *cells, end_section=name in ("seconds", last))
     for name, cells in (extra or {}).items():
         table.add_row(name, *cells)
+    if errors:
+        table.title = f"{title}; standard error of an accuracy cell <= {100 * max(errors):.1f} points"
     return table
 
 
-def _stage_column(runner, stage, records: list[dict]) -> dict[str, str]:
+def _stage_column(runner, stage, records: list[dict], errors: list[float]) -> dict[str, str]:
     """{row name: cell} of one stage: steps, mean reward of its last 5 steps, seconds, then
-    STAGE_ROWS per evaluation set."""
+    STAGE_ROWS per evaluation set; appends each set's accuracy standard error to `errors`."""
     config = runner.config
     rows = [r for r in records if r.get("stage") == stage.name]
     steps = [r for r in rows if "step" in r]
@@ -243,6 +249,8 @@ def _stage_column(runner, stage, records: list[dict]) -> dict[str, str]:
               "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
     for spec in runner.eval_sets() if config.eval_problems else []:
         result = (results or {}).get(spec, {})
+        if result.get("accuracy_se") is not None:
+            errors.append(result["accuracy_se"])
         for row in STAGE_ROWS:
             column[f"{set_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
     return column

@@ -81,8 +81,8 @@ def fake_results(runner, stage, easy, hard):
     sets = runner.eval_sets()
     folder = runner.folder(stage)
     folder.mkdir(parents=True, exist_ok=True)
-    results = {sets[0]: result | {"accuracy": easy, "parallel_ratio": 0.5},
-               sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25}}
+    results = {sets[0]: result | {"accuracy": easy, "parallel_ratio": 0.5, "accuracy_se": 0.011},
+               sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25, "accuracy_se": hard / 10}}
     (folder / "eval.json").write_text(json.dumps({"how": runner.eval_key(stage), "results": results}))
     (runner.out / "metrics.jsonl").write_text("")
 
@@ -116,6 +116,9 @@ def test_the_tables_show_the_paper_numbers_beside_ours(tmp_path, monkeypatch):
     assert [c.header for c in positions.columns] == ["", "shared (stride 0)", "disjoint"]
     assert "No paper number" in positions.caption and "2 rl-hard steps" in positions.caption
     assert cells(positions, "hard: accuracy") == {"shared (stride 0)": "10.0%", "disjoint": "0.0%"}
+    assert cells(rewards, "hard: accuracy SE") == {"accuracy": "1.0%", "parallel": "0.5%", "alternating": "0.8%"}
+    assert rewards.title.endswith("standard error of an accuracy cell <= 1.1 points")  # easy's 1.1 is the largest
+    assert stage1.title.endswith("<= 2.0 points")  # seen's hard 0.20 / 10
 
 
 @pytest.mark.parametrize(

@@ -99,9 +99,24 @@ def test_summarize_by_hand():
     assert s["branches_per_block"] == pytest.approx(7 / 3) and s["branch_counts"] == {"2": 2 / 3, "3": 1 / 3}
     assert s["format_valid"] == 7 / 8 and s["parse_failures"] == 1 / 8 and s["truncation_rate"] == 1 / 8
     assert s["acceleration"] == pytest.approx(180 / 130) and s["response_length"] == pytest.approx(180 / 8)
+    assert s["block_acceleration"] == pytest.approx((40 + 60) / (20 + 30))  # only the responses with a block
+    # problems are the unit: per-problem accuracies 0.5 and 0.25, sample sd 0.25 / sqrt(2), over sqrt(2)
+    assert s["accuracy_se"] == pytest.approx(0.125)
     assert summarize(records)["k"] == 4 and summarize(records)["pass_at_k"] == pytest.approx(1.0)
     plain = summarize([hand_record("a", False)])
+    assert plain["accuracy_se"] is None and plain["block_acceleration"] is None  # one problem; no block
     assert plain["relative_position"] is None and plain["paths_per_block"] is None and plain["branch_counts"] is None
+
+
+def test_the_standard_error_is_the_binomial_one_at_one_sample_and_grows_with_correlated_samples():
+    """k = 1: sqrt(p (1 - p) / (n - 1)). k = 4 with each problem all right or all wrong (samples
+    that agree): the standard error of 4 problems, not of 16 independent draws."""
+    import math
+
+    one = summarize([hand_record(str(i), i < 3) for i in range(10)])
+    assert one["accuracy_se"] == pytest.approx(math.sqrt(0.3 * 0.7 / 9))
+    agree = summarize([hand_record(str(i), i < 2) for i in range(4) for _ in range(4)])
+    assert agree["accuracy_se"] == pytest.approx(math.sqrt(0.5 * 0.5 / 3))  # > sqrt(0.25 / 15) of 16 draws
 
 
 def test_summarize_refuses_a_k_some_problem_lacks():
