@@ -290,10 +290,11 @@ def grade_countdown(response_text: str, problem: Problem) -> Grade:
 # exploration: the trace opens with a block of K = 3 routes side by side; when none checks out
 # the summary says "no" and another block follows, until the blocks hold a attempts (blocks =
 # ceil(a / 3): a in 1..4 gives 1 block 3/4 of the time, 2 blocks 1/4); the right route at a random
-# place of the last block, its summary the expression:
+# place of the last block, its summary the expression ("numbers 4 5 5 target 100"):
 #
-#     <Parallel><Path>9-8=1,1+3=4vs12no</Path><Path>8*3=24,24-9=15vs12no</Path><Path>9+3=12,12-8=4vs12no</Path></Parallel><Summary>no</Summary>
-#     <Parallel><Path>9-3=6,8-6=2vs12no</Path><Path>9+8=17,17-3=14vs12no</Path><Path>9-8=1,3*1=3vs12no</Path></Parallel><Summary>no</Summary>
+#     <Parallel><Path>5+4=9,9+5=14vs100no</Path><Path>5+4=9,9-5=4vs100no</Path><Path>5-4=1,5+1=6vs100no</Path></Parallel><Summary>no</Summary>
+#     <Parallel><Path>5*5=25,25*4=100vs100yes so (5*5)*4</Path><Path>5+5=10,10-4=6vs100no</Path><Path>5*4=20,20-5=15vs100no</Path></Parallel><Summary>(5*5)*4</Summary>
+#     Final Answer: (5*5)*4
 #
 # verification (Parallel-R1's Figure 6): the sequential teacher's own attempts (the same draws, so
 # the same lines) until one checks out, then a block whose paths check that answer three ways
@@ -315,13 +316,20 @@ def grade_countdown(response_text: str, problem: Problem) -> Grade:
 #     <step>2:8*7=56,56+8=64vs64yes so (8*7)+8</step><takeaway>(8*7)+8</takeaway>
 #     Final Answer: (8*7)+8
 #
+#     12-7=5,5*3=15vs33no
+#     7*3=21,21+12=33vs33yes so (7*3)+12
+#     <guideline><plan>1:redo</plan><plan>2:back</plan></guideline><step>1:3*7=21,12+21=33vs33yes</step>
+#     <step>2:33-12=21,21/3=7vs7yes</step><takeaway>(7*3)+12</takeaway>
+#     Final Answer: (7*3)+12
+#
 # The label follows the tag with no space: the sampler forces the ids of "1:" after <step> and the
-# model continues from there. Each round holds 2 or 3 plans, each half the time (K = 3 at most;
-# exploration rounds are drawn until they hold a attempts; a verification round does 2 or 3 of
-# the checks): under NPR the model chooses how many branches to fork, so its cold start must show
-# more than one count (one fixed count would be Parallel-R1's K again), and RL can then shift the
-# mix towards what pays. The count is drawn, not tied to the problem: nothing the model can read
-# in an easy question says how hard it is.
+# model continues from there. A round holds 2 or 3 plans, each half the time (K = 3 at most): the
+# first exploration round, and a verification round (2 or 3 of the checks); a later exploration
+# round tries what is still wanted, at least 2 (so 2: a is at most 4). Under NPR the model
+# chooses how many branches to fork, so its cold start must show more than one count (one fixed
+# count would be Parallel-R1's K again), and RL can then shift the mix towards what pays. The
+# count is drawn, not tied to the problem: nothing the model can read in an easy question says
+# how hard it is.
 #
 # Lengths in `toy_tokenizer` tokens (the 600 traces of tests/test_toy.py each; NPR with its tags
 # added), mean / max: easy sequential ~60 / 93, hard sequential ~73 / 106; Parallel-R1 exploration
@@ -533,12 +541,14 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
 
 def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS, schema: TagSchema = NPR,
               kind: str | None = None) -> str:
-    """A parallel trace in NPR's rounds of 2..K plans (K = `paths`; each count equally likely, drawn
-    per round), of `kind` (as `parallel_trace`; None: drawn):
+    """A parallel trace in NPR's rounds of 2..K plans (K = `paths`), of `kind` (as `parallel_trace`;
+    None: drawn):
 
-    exploration  rounds until they hold `attempt_count` attempts; plan i "i:" and the first move of
-                 its route (the first moves of a round all different), step i "i:" and its attempt;
-                 the takeaway "no", or in the last round the expression of the route that checks out
+    exploration  rounds until they hold `attempt_count` attempts, the first of 2..K plans (each
+                 count equally likely), a later one of what is still wanted (at least 2); plan i
+                 "i:" and the first move of its route (the first moves of a round all different),
+                 step i "i:" and its attempt; the takeaway "no", or in the last round the
+                 expression of the route that checks out
     verification the sequential teacher's attempts, then one round of 2..min(K, 3) `CHECKS`: plan i
                  "i:" and the check's name, step i "i:" and the check; the takeaway the expression
 
