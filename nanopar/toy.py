@@ -9,13 +9,16 @@ easy: 3 numbers (the GSM8K analogue), hard: 4 (the DAPO analogue); numbers 1..9,
 intermediate result a positive integer <= 100. Trying several routes side by side genuinely
 helps: about 11% of an easy problem's legal routes reach its target, 4% of a hard one's. The
 teacher writes sequential traces (attempts one a line) and, for easy problems, parallel ones in
-the tags of either schema: Parallel-R1's (one block of 3 paths, a summary) or NPR's (a guideline
-of 2 or 3 plans, a step per plan, a takeaway); see "the teacher" below for all three, with lengths.
+the tags of either schema: Parallel-R1's (blocks of 3 paths, a summary each) or NPR's (rounds of
+a guideline of 2 or 3 plans, a step per plan, a takeaway), of two kinds: *exploration* (blocks of
+routes side by side open the trace, as many as a sequential trace makes attempts) and
+*verification* (sequential attempts, then one block of checks of the answer); see "the teacher"
+below for all of them, with lengths.
 
 The general modules reach this file only through two registry entries: `SOURCE`
 (data.SOURCES["toy"]: problems "toy:easy", traces "toy:parallel", the model "toy:model") and
-`grade_countdown` (grading.CHECKERS["countdown"]). Left out: division (routes stay in the
-integers), unary minus, larger numbers (1..15 and <= 150: ~3x more facts for the model to learn).
+`grade_countdown` (grading.CHECKERS["countdown"]). Left out: division in routes and answers (they
+stay in the integers; only a verification path's backward check divides, exactly), unary minus, larger numbers (1..15 and <= 150: ~3x more facts for the model to learn).
 """
 
 from __future__ import annotations
@@ -272,34 +275,85 @@ def grade_countdown(response_text: str, problem: Problem) -> Grade:
 # that miss. That attempt turns its steps into the answer right there ("yes so (7*3)+12"), so a
 # summary only copies the few tokens after "yes so" from the path that holds them (measured: a
 # summary reads its paths at shared positions, and re-deriving the expression from the steps of
-# one path of three was where a third of the cold-started model's answers went wrong):
+# one path of three was where a third of the cold-started model's answers went wrong).
 #
-#     sequential  12-7=5,5*3=15vs33no              parallel (easy only)  <Parallel><Path>12-7=5,5*3=15vs33no</Path>
-#                 7*3=21,21+12=33vs33yes so (7*3)+12     <Path>7*3=21,21+12=33vs33yes so (7*3)+12</Path>...</Parallel>
-#                 Final Answer: (7*3)+12                 <Summary>(7*3)+12</Summary>
-#                                                        Final Answer: (7*3)+12
+# sequential: the right route sits at attempt a, uniform in 1..K (easy K = 4, hard 3):
 #
-# NPR's round (`npr_trace`, easy only) is the same attempts in its tags: each plan names its route
-# by the first move ("1:7*3", a few tokens; the plans' first moves differ, so no two plans are one
-# strategy), step i is "i:" and the attempt of plan i's route, the takeaway the expression:
+#     12-7=5,5*3=15vs33no
+#     7*3=21,21+12=33vs33yes so (7*3)+12
+#     Final Answer: (7*3)+12
+#
+# A parallel trace (easy only, as in the paper) is one of two kinds, VERIFICATION_SHARE of them
+# the second. Both make at least as many attempts as the sequential teacher would with the same
+# draws (`attempt_count`), so writing in parallel never caps the search:
+#
+# exploration: the trace opens with a block of K = 3 routes side by side; when none checks out
+# the summary says "no" and another block follows, until the blocks hold a attempts (blocks =
+# ceil(a / 3): a in 1..4 gives 1 block 3/4 of the time, 2 blocks 1/4); the right route at a random
+# place of the last block, its summary the expression ("numbers 4 5 5 target 100"):
+#
+#     <Parallel><Path>5+4=9,9+5=14vs100no</Path><Path>5+4=9,9-5=4vs100no</Path><Path>5-4=1,5+1=6vs100no</Path></Parallel><Summary>no</Summary>
+#     <Parallel><Path>5*5=25,25*4=100vs100yes so (5*5)*4</Path><Path>5+5=10,10-4=6vs100no</Path><Path>5*4=20,20-5=15vs100no</Path></Parallel><Summary>(5*5)*4</Summary>
+#     Final Answer: (5*5)*4
+#
+# verification (Parallel-R1's Figure 6): the sequential teacher's own attempts (the same draws, so
+# the same lines) until one checks out, then a block whose paths check that answer three ways
+# (`CHECKS`), each a true statement: "redo" recomputes the route with the operands of + and *
+# swapped, "uses" lists the answer's numbers and the problem's, each sorted, "back" works back from
+# the target by the inverse operations (- for +, / for *, + or - for -) to the number left over:
+#
+#     12-7=5,5*3=15vs33no
+#     7*3=21,21+12=33vs33yes so (7*3)+12
+#     <Parallel><Path>3*7=21,12+21=33vs33yes</Path><Path>3,7,12vs3,7,12yes</Path><Path>33-12=21,21/3=7vs7yes</Path></Parallel><Summary>(7*3)+12</Summary>
+#     Final Answer: (7*3)+12
+#
+# NPR's rounds (`npr_trace`) are the same two kinds in its tags: a plan names its route by the
+# first move ("1:7*3", a few tokens; the first moves of a round differ, so no two plans are one
+# strategy) or its check ("2:back"); step i is "i:" and the attempt or check of plan i; the
+# takeaway the expression (exploration: "no" when no step checks out, then another round):
 #
 #     <guideline><plan>1:8+7</plan><plan>2:8*7</plan></guideline><step>1:8+7=15,15+8=23vs64no</step>
 #     <step>2:8*7=56,56+8=64vs64yes so (8*7)+8</step><takeaway>(8*7)+8</takeaway>
 #     Final Answer: (8*7)+8
 #
-# The label follows the tag with no space: the sampler forces the ids of "1:" after <step> and the
-# model continues from there. The teacher writes 2 or 3 plans, each half the time (K = 3 at most):
-# under NPR the model chooses how many branches to fork, so its cold start must show more than one
-# count (one fixed count would be Parallel-R1's K again), and RL can then shift the mix towards what
-# pays (3 plans try one more route, 2 are ~27 tokens shorter). The count is drawn, not
-# tied to the problem: nothing the model can read in an easy question says how hard it is.
+#     12-7=5,5*3=15vs33no
+#     7*3=21,21+12=33vs33yes so (7*3)+12
+#     <guideline><plan>1:redo</plan><plan>2:back</plan></guideline><step>1:3*7=21,12+21=33vs33yes</step>
+#     <step>2:33-12=21,21/3=7vs7yes</step><takeaway>(7*3)+12</takeaway>
+#     Final Answer: (7*3)+12
 #
-# Lengths in `toy_tokenizer` tokens (600 traces each; NPR with its tags added): easy sequential
-# mean ~60 / max ~93, hard sequential ~73 / ~106, easy parallel ~84 / ~93, easy NPR ~97 / ~117
-# (2 plans ~83 / ~88, 3 plans ~110 / ~117; over all 20,000 "toy:easy" problems the same, max 117);
-# tests/test_toy.py holds them <= 130, and a step (label, attempt, </step>) <= 48.
+# The label follows the tag with no space: the sampler forces the ids of "1:" after <step> and the
+# model continues from there. A round holds 2 or 3 plans, each half the time (K = 3 at most): the
+# first exploration round, and a verification round (2 or 3 of the checks); a later exploration
+# round tries what is still wanted, at least 2 (so 2: a is at most 4). Under NPR the model
+# chooses how many branches to fork, so its cold start must show more than one count (one fixed
+# count would be Parallel-R1's K again), and RL can then shift the mix towards what pays. The
+# count is drawn, not tied to the problem: nothing the model can read in an easy question says
+# how hard it is.
+#
+# Lengths in `toy_tokenizer` tokens (the 600 traces of tests/test_toy.py each; NPR with its tags
+# added), mean / max: easy sequential ~60 / 93, hard sequential ~73 / 106; Parallel-R1 exploration
+# ~100 / 154 (critical path ~53: shorter than the sequential trace of the same draws, ~60, with at
+# least as many attempts), verification ~124 / 158, the two mixed ~103 / 158; NPR exploration
+# ~122 / 180, verification ~140 / 188, mixed ~122 / 183 (its plans and labels cost ~7 tokens a
+# branch: its critical path, ~82, is longer than the sequential trace's). The budget a trace
+# needs is its sampled tokens and EOS (structured sampling inserts <Path> and </Parallel><Summary>,
+# NPR's <step> "i:" and <takeaway>); over the ~6,800 parallel traces of "toy:parallel" and
+# "toy:instruct": Parallel-R1 <= 154 structured, <= 159 causal, so the toy's max_new_tokens of 160
+# (curriculum.TrainConfig) holds them all; NPR's <= 179 / 189: 3% / 14% of them need more than
+# 160 (192 would hold all; the default is shared with sample.py and eval.py, whose owners would
+# move it with it, so it stays 160 here).
+# tests/test_toy.py holds them to these, and a branch to <= 48 tokens (max_path_tokens).
 # Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
 # alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\n").
+
+VERIFICATION_SHARE = 0.25  # parallel traces that verify an answer found sequentially; the rest explore.
+#   The cold start shows both uses of a block (Parallel-R1 saw the block's relative position drift
+#   from ~0.4 to ~0.8 during RL, exploration -> verification), mostly the first. At half each the
+#   default run's cold start lost 7 points of easy accuracy (12% -> 5%); in its samples the
+#   verifying traces were right less often (8% of 74) than the exploring ones (11% of 97), and they
+#   hold less parallel text (acceleration 1.37 against 1.59 for the teacher's own traces).
+TRACE_KINDS = ("exploration", "verification")
 
 
 def attempt_text(route: Route, target: int) -> str:
@@ -314,23 +368,140 @@ def first_move(route: Route) -> str:
     return route.steps[0].partition("=")[0]
 
 
-def _pick_routes(problem: Problem, rng: random.Random, k: int, distinct=lambda route: route.steps
-                 ) -> tuple[list[Route], Route]:
+# --- the checks of a verification block: each a true statement about a right answer
+
+
+_STEP = re.compile(r"(\d+)([-+*])(\d+)=(\d+)")
+
+
+def _steps(route: Route) -> list[tuple[int, str, int, int]]:
+    """A route's steps as (a, op, b, value): "7*3=21" -> (7, "*", 3, 21)."""
+    parsed = [_STEP.fullmatch(step) for step in route.steps]
+    return [(int(m[1]), m[2], int(m[3]), int(m[4])) for m in parsed]
+
+
+def check_redo(route: Route, problem: Problem) -> str:
+    """Recompute the route in another order, the operands of + and * swapped (- keeps its order),
+    and compare with the target: "3*7=21,12+21=33vs33yes" for ("7*3=21", "21+12=33")."""
+    steps = [f"{b}{op}{a}={v}" if op in "+*" else f"{a}{op}{b}={v}" for a, op, b, v in _steps(route)]
+    return f"{','.join(steps)}vs{problem.extra['target']}yes"
+
+
+def check_uses(route: Route, problem: Problem) -> str:
+    """Each number used once: the numbers of the answer's expression, sorted, against the
+    problem's, sorted: "3,7,12vs3,7,12yes"."""
+    used = sorted(evaluate(route.expression)[1])
+    given = sorted(problem.extra["numbers"])
+    if used != given:
+        raise ValueError(f"the answer {route.expression} does not use the numbers {given} once each")
+    return f"{','.join(map(str, used))}vs{','.join(map(str, given))}yes"
+
+
+def check_back(route: Route, problem: Problem) -> str:
+    """Work back from the target by the inverse of each step, last step first, to the number left
+    over: "33-12=21,21/3=7vs7yes" for ("7*3=21", "21+12=33"). Needs a chain (each step uses the
+    previous result: every route of 3 numbers); a route of 4 that joins two pairs raises."""
+    steps, inverses = _steps(route), []
+    for i in reversed(range(len(steps))):
+        a, op, b, value = steps[i]
+        known = steps[i - 1][3] if i else a  # the operand to recover: the previous result (first step: a)
+        if known not in (a, b):
+            raise ValueError(f"the route {route.steps} is not a chain: step {i + 1} does not use the step before")
+        other = b if known == a else a
+        if op == "+":
+            inverses.append(f"{value}-{other}={known}")
+        elif op == "*":
+            inverses.append(f"{value}/{other}={known}")
+        else:  # a - b = value: a = value + b, b = a - value
+            inverses.append(f"{value}+{other}={known}" if known == a else f"{other}-{value}={known}")
+    return f"{','.join(inverses)}vs{steps[0][0]}yes"
+
+
+CHECKS = {"redo": check_redo, "uses": check_uses, "back": check_back}  # a verification block's paths, in order
+
+
+# --- drawing the routes
+
+
+def _pick_routes(problem: Problem, rng: random.Random, k: int) -> tuple[list[Route], Route]:
     """K routes at most: the problem's own route (the one that checks out) at a random place, the
-    others random legal routes that miss the target (fewer if they are hard to find), no two of
-    them alike by `distinct` (the steps; NPR's teacher: the first move)."""
+    others random legal routes that miss the target (fewer if they are hard to find), all different."""
+    right = _right_route(problem)
+    wrong = _misses(problem, rng, k - 1, avoid={right.steps})
+    wrong.insert(rng.randrange(len(wrong) + 1), right)
+    return wrong, right
+
+
+def _right_route(problem: Problem) -> Route:
+    return Route(tuple(problem.extra["steps"]), problem.extra["target"], problem.answer)
+
+
+def _misses(problem: Problem, rng: random.Random, n: int, avoid: set, distinct=lambda route: route.steps
+            ) -> list[Route]:
+    """Up to `n` random legal routes that miss the target, no two alike by `distinct` (the steps;
+    NPR's plans: the first move) and none whose steps or `distinct` key is in `avoid`."""
     numbers, target = problem.extra["numbers"], problem.extra["target"]
-    right = Route(tuple(problem.extra["steps"]), target, problem.answer)
-    wrong: dict = {}
-    for _ in range(50 * k):  # a random walk is ~10 us, so this is cheap even for 4 numbers
-        if len(wrong) == k - 1:
+    found: dict = {}
+    for _ in range(50 * (n + 1)):  # a random walk is ~10 us, so this is cheap even for 4 numbers
+        if len(found) == n:
             break
         route = random_route(numbers, LEVELS[problem.extra["level"]].bound, rng)
-        if route.value != target and distinct(route) != distinct(right):  # by steps: the first test implies the second
-            wrong.setdefault(distinct(route), route)
-    chosen = list(wrong.values())
-    chosen.insert(rng.randrange(len(chosen) + 1), right)
-    return chosen, right
+        if route.value != target and route.steps not in avoid and distinct(route) not in avoid:
+            found.setdefault(distinct(route), route)
+    return list(found.values())
+
+
+def _sequential_attempts(problem: Problem, rng: random.Random, attempts: int | None = None) -> list[Route]:
+    """The sequential teacher's attempts: missing routes, then the right one at attempt 1..K."""
+    chosen, right = _pick_routes(problem, rng, attempts or LEVELS[problem.extra["level"]].attempts)
+    return chosen[: chosen.index(right) + 1]
+
+
+def attempt_count(problem: Problem, rng: random.Random) -> int:
+    """How many attempts the sequential teacher makes with these draws (it draws them, so a parallel
+    trace written after this from the same generator state makes at least as many)."""
+    return len(_sequential_attempts(problem, rng))
+
+
+def _exploration_rounds(problem: Problem, rng: random.Random, size, distinct) -> list[list[Route]]:
+    """Rounds of routes until they hold `attempt_count` attempts, round sizes drawn by
+    `size(round, attempts still wanted)`:
+    the right route at a random place of the last one, the others random routes that miss, no
+    route twice in the trace, no two in a round alike by `distinct`. Where the misses run out
+    (three numbers alike: 25 of the 20,150 easy problems), a last round short of 2 is dropped and
+    the right route replaces a miss of the round before, one alike by `distinct` if there is one;
+    an earlier round short of 2 raises (never seen)."""
+    wanted, sizes = attempt_count(problem, rng), []
+    while sum(sizes) < wanted:
+        sizes.append(size(len(sizes), wanted - sum(sizes)))
+    right, tried, rounds = _right_route(problem), set(), []
+    for i, n in enumerate(sizes):
+        last = i == len(sizes) - 1
+        avoid = tried | {right.steps} | ({distinct(right)} if last else set())
+        routes_ = _misses(problem, rng, n - last, avoid, distinct)
+        if last and len(routes_) == 0 and rounds:  # no miss left to go with the right route
+            before = rounds[-1]
+            alike = [k for k, r in enumerate(before) if distinct(r) == distinct(right)]
+            before[alike[0] if alike else rng.randrange(len(before))] = right
+            break
+        if last:
+            routes_.insert(rng.randrange(len(routes_) + 1), right)
+        if len(routes_) < 2:
+            raise NanoparError(f"{problem.question}: too few other routes for a block of {n} (found {len(routes_)})")
+        tried |= {r.steps for r in routes_}
+        rounds.append(routes_)
+    return rounds
+
+
+def _pick_checks(rng: random.Random, n: int) -> list[str]:
+    """`n` of the CHECKS' names, in CHECKS order."""
+    if not 2 <= n <= len(CHECKS):
+        raise ValueError(f"a verification block does 2..{len(CHECKS)} checks, not {n}")
+    chosen = set(rng.sample(list(CHECKS), n))
+    return [name for name in CHECKS if name in chosen]
+
+
+# --- the traces
 
 
 def sequential_trace(problem: Problem, rng: random.Random, attempts: int | None = None) -> str:
@@ -338,48 +509,95 @@ def sequential_trace(problem: Problem, rng: random.Random, attempts: int | None 
 
     K = `attempts`, or the level's default (easy 4, hard 3).
     """
-    chosen, right = _pick_routes(problem, rng, attempts or LEVELS[problem.extra["level"]].attempts)
-    tried = chosen[: chosen.index(right) + 1]  # stop at the attempt that checks out
+    tried = _sequential_attempts(problem, rng, attempts)
     lines = [attempt_text(r, problem.extra["target"]) for r in tried]
-    return "\n".join(lines) + f"\n{FINAL} {right.expression}"
+    return "\n".join(lines) + f"\n{FINAL} {tried[-1].expression}"
 
 
 def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
-                   schema: TagSchema = PARALLEL_R1) -> str:
-    """One parallel block of K paths (one route each, the right one at a random place), a summary
-    that keeps the path that checks out, then the answer. Easy problems only, as in the paper.
-    A schema of Parallel-R1's shape (a schema with plans: `npr_trace`).
+                   schema: TagSchema = PARALLEL_R1, kind: str | None = None) -> str:
+    """A parallel trace in Parallel-R1's shape, blocks of K = `paths` paths, of `kind` ("exploration"
+    or "verification"; None: drawn, verification with probability VERIFICATION_SHARE):
+
+    exploration  blocks of K routes until they hold `attempt_count` attempts; a block with no route
+                 that checks out is summarised "no", the last one by the expression of the one that does
+    verification the sequential teacher's attempts, then one block of K `CHECKS` of the answer
+                 (K <= 3), summarised by the expression
+
+    then the answer. Easy problems only, as in the paper. A schema with plans: `npr_trace`.
     """
     _check_parallel_problem(problem)
     if schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has plans: write its traces with npr_trace")
-    t = schema
-    chosen, right = _pick_routes(problem, rng, paths)
+    kind = _draw_kind(rng, kind)
     target = problem.extra["target"]
-    block = "".join(f"{t.path_open}{t.label(k)}{attempt_text(r, target)}{t.path_close}" for k, r in enumerate(chosen))
-    summary = f"{t.summary_open}{right.expression}{t.summary_close}"
-    return f"{t.block_open}{block}{t.block_close}{summary}\n{FINAL} {right.expression}"
+    if kind == "exploration":
+        rounds = _exploration_rounds(problem, rng, lambda i, left: paths, lambda route: route.steps)
+        blocks = [_block(schema, None, [attempt_text(r, target) for r in routes_], _summary(routes_, target))
+                  for routes_ in rounds]
+        return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
+    tried, right = _sequential_attempts(problem, rng), _right_route(problem)
+    checks = [CHECKS[name](right, problem) for name in _pick_checks(rng, paths)]
+    lines = [attempt_text(r, target) for r in tried] + [_block(schema, None, checks, right.expression)]
+    return "\n".join(lines) + f"\n{FINAL} {right.expression}"
 
 
-def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS, schema: TagSchema = NPR) -> str:
-    """One NPR round, then the answer: a guideline of 2..K plans (K = `paths`, each count equally
-    likely), plan i "i:" and the first move of its route (the right route at a random place, the
-    others random routes that miss, their first moves all different); step i "i:" and the attempt of
-    plan i's route; a takeaway with the expression of the route that checks out. Easy problems only.
-    Fewer plans when the problem has too few other first moves that miss (never seen below 2).
+def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS, schema: TagSchema = NPR,
+              kind: str | None = None) -> str:
+    """A parallel trace in NPR's rounds of 2..K plans (K = `paths`), of `kind` (as `parallel_trace`;
+    None: drawn):
+
+    exploration  rounds until they hold `attempt_count` attempts, the first of 2..K plans (each
+                 count equally likely), a later one of what is still wanted (at least 2); plan i
+                 "i:" and the first move of its route (the first moves of a round all different),
+                 step i "i:" and its attempt; the takeaway "no", or in the last round the
+                 expression of the route that checks out
+    verification the sequential teacher's attempts, then one round of 2..min(K, 3) `CHECKS`: plan i
+                 "i:" and the check's name, step i "i:" and the check; the takeaway the expression
+
+    then the answer. Easy problems only.
     """
     _check_parallel_problem(problem)
     if not schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has no plans: write its traces with parallel_trace")
     if not 2 <= paths <= MAX_PATHS:
         raise ValueError(f"an NPR round of the teacher has 2..{MAX_PATHS} plans, not at most {paths}")
-    t = schema
-    chosen, right = _pick_routes(problem, rng, rng.randint(2, paths), distinct=first_move)
+    kind = _draw_kind(rng, kind)
     target = problem.extra["target"]
-    plans = "".join(f"{t.plan_open}{t.label(k)}{first_move(r)}{t.plan_close}" for k, r in enumerate(chosen))
-    steps = "".join(f"{t.path_open}{t.label(k)}{attempt_text(r, target)}{t.path_close}" for k, r in enumerate(chosen))
-    takeaway = f"{t.summary_open}{right.expression}{t.summary_close}"
-    return f"{t.block_open}{plans}{t.plans_close}{steps}{takeaway}\n{FINAL} {right.expression}"
+    if kind == "exploration":
+        rounds = _exploration_rounds(problem, rng, lambda i, left: rng.randint(2, paths) if i == 0 else
+                                     max(2, min(left, paths)), first_move)
+        blocks = [_block(schema, [first_move(r) for r in routes_], [attempt_text(r, target) for r in routes_],
+                         _summary(routes_, target)) for routes_ in rounds]
+        return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
+    tried, right = _sequential_attempts(problem, rng), _right_route(problem)
+    names = _pick_checks(rng, rng.randint(2, min(paths, len(CHECKS))))
+    block = _block(schema, names, [CHECKS[name](right, problem) for name in names], right.expression)
+    lines = [attempt_text(r, target) for r in tried] + [block]
+    return "\n".join(lines) + f"\n{FINAL} {right.expression}"
+
+
+def _draw_kind(rng: random.Random, kind: str | None) -> str:
+    if kind is None:
+        return "verification" if rng.random() < VERIFICATION_SHARE else "exploration"
+    if kind not in TRACE_KINDS:
+        raise ValueError(f"unknown parallel trace kind {kind!r}: use one of {', '.join(TRACE_KINDS)}")
+    return kind
+
+
+def _summary(routes_: list[Route], target: int) -> str:
+    """What a block of attempts sums up to: the expression of the route that checks out, or "no"."""
+    return next((r.expression for r in routes_ if r.value == target), "no")
+
+
+def _block(t: TagSchema, plans: list[str] | None, branches: list[str], summary: str) -> str:
+    """One block in `t`'s tags: plans (a schema with plans) and branches, each opening with its label."""
+    head = t.block_open
+    if t.planned:
+        head += "".join(f"{t.plan_open}{t.label(k)}{plan}{t.plan_close}" for k, plan in enumerate(plans)) + t.plans_close
+    body = "".join(f"{t.path_open}{t.label(k)}{branch}{t.path_close}" for k, branch in enumerate(branches))
+    close = "" if t.planned else t.block_close
+    return f"{head}{body}{close}{t.summary_open}{summary}{t.summary_close}"
 
 
 def _check_parallel_problem(problem: Problem) -> None:
