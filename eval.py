@@ -50,7 +50,7 @@ from nanopar import NanoparError
 from nanopar.checkpoint import schema_for
 from nanopar.config import parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
-from nanopar.defaults import apply_model_defaults
+from nanopar.defaults import TOY_SAMPLING, apply_model_defaults
 from nanopar.evaluation import decode_rate, evaluate, forked, rescore, reward_report, speedup, summarize
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
@@ -84,9 +84,9 @@ class EvalConfig(SamplerSettings):
     instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own (the toy: its marker or nothing)
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     batch_size: int = 32  # problems per sampler call
-    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3); real model: 2
-    max_new_tokens: int = 160  # sampled tokens per response, over all branches; real model: 1024
-    max_path_tokens: int = 48  # sampled tokens per path; real model: 512
+    paths: int = TOY_SAMPLING["paths"]  # K: paths per parallel block (the toy teacher writes 3); real model: 2
+    max_new_tokens: int = TOY_SAMPLING["max_new_tokens"]  # sampled tokens per response, over all branches; real model: 1024
+    max_path_tokens: int = TOY_SAMPLING["max_path_tokens"]  # sampled tokens per path; real model: 512
     seed: int | None = 0  # sampler call b of each benchmark is seeded with seed + b
     speedup_batches: int = 1  # sampler calls per benchmark decoded again with and without forking, for the speedup (0 = off)
     speedup_repeats: int = 2  # timed rounds of that pair, taking turns; the best of each counts

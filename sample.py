@@ -24,7 +24,7 @@ from nanopar import NanoparError
 from nanopar.checkpoint import schema_for
 from nanopar.config import parse_config
 from nanopar.data import load_problems
-from nanopar.defaults import apply_model_defaults
+from nanopar.defaults import TOY_SAMPLING, apply_model_defaults
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, instructions_named, stop_ids
@@ -45,9 +45,9 @@ class SampleConfig(SamplerSettings):
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
     path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     temperature: float = 1.0  # 0 = greedy
-    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3); real model: 2
-    max_new_tokens: int = 160  # sampled tokens per response, over all branches; real model: 1024
-    max_path_tokens: int = 48  # sampled tokens per path; real model: 512
+    paths: int = TOY_SAMPLING["paths"]  # K: paths per parallel block (the toy teacher writes 3); real model: 2
+    max_new_tokens: int = TOY_SAMPLING["max_new_tokens"]  # sampled tokens per response, over all branches; real model: 1024
+    max_path_tokens: int = TOY_SAMPLING["max_path_tokens"]  # sampled tokens per path; real model: 512
     load_in_4bit: bool = False  # quantise the base model to NF4 (bitsandbytes)
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
     device: str = "auto"  # cpu / cuda / auto

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from . import NanoparError
 from .data import source_for
+from .defaults import TOY_SAMPLING
 from .sampler import SamplerSettings
 from .tags import TagSchema, schema_named
 
@@ -104,15 +105,15 @@ class TrainConfig(SamplerSettings):
     distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all)
     # held-out evaluation after every training stage (the final table)
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
-    eval_problems: int = 100  # first N problems of each (0 = no evaluation)
-    eval_samples: int = 2  # responses per problem, at --temperature; real model: 1
+    eval_problems: int = 150  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 150: with 4 samples an accuracy's standard error is ~1-1.5 points
+    eval_samples: int = 4  # responses per problem, at --temperature; real model: 1
     eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
     # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)
     prompts_per_step: int = 8  # B: problems per GRPO step
     group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)
-    paths: int = 3  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2); real model: 2
-    max_new_tokens: int = 160  # sampled tokens per response, over all branches; real model: 1024
-    max_path_tokens: int = 48  # sampled tokens per path; real model: 512
+    paths: int = TOY_SAMPLING["paths"]  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2); real model: 2
+    max_new_tokens: int = TOY_SAMPLING["max_new_tokens"]  # sampled tokens per response, over all branches; real model: 1024
+    max_path_tokens: int = TOY_SAMPLING["max_path_tokens"]  # sampled tokens per path; real model: 512
     temperature: float = 1.0  # sampling temperature (the policy GRPO trains)
     # optimisation
     lr: float = 3e-5  # RL learning rate (AdamW); toy: 1e-4 moves a sequence 2-3 nats per step and degrades it; real model: 1e-5

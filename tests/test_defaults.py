@@ -6,7 +6,7 @@ import eval as eval_script
 import sample
 from nanopar.config import parse_config
 from nanopar.curriculum import TrainConfig, recipe
-from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, apply_model_defaults, built_from_code
+from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, TOY_SAMPLING, apply_model_defaults, built_from_code
 
 
 def resolved(argv):
@@ -26,7 +26,7 @@ def test_a_real_model_gets_a_real_run(tmp_path):
 
 
 def test_toy_and_tiny_models_keep_the_toy_defaults(tmp_path):
-    assert resolved([]).easy_data == "toy:easy" and resolved(["--model", "tiny:qwen3"]).max_new_tokens == 160
+    assert resolved([]).easy_data == "toy:easy" and resolved(["--model", "tiny:qwen3"]).max_new_tokens == TOY_SAMPLING["max_new_tokens"] == 224
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "toy:model"}')
     assert built_from_code(str(tmp_path))  # a checkpoint of the toy model is the toy's
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "Qwen/Qwen3-0.6B"}')
