@@ -1,6 +1,6 @@
 """Train a model to think in parallel: the Parallel-R1 or NPR curriculum, stage by stage.
 
-    python train.py                                    # the toy world on a CPU, ~8 minutes (see TrainConfig)
+    python train.py                                    # the toy world on a CPU, ~7 minutes (see TrainConfig)
     python train.py --baseline                         # + accuracy-only GRPO from the same base
     python train.py --preset long                      # the longer toy run (PRESETS)
     python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit   # a real model: its defaults
