@@ -22,7 +22,6 @@ report with pass@k and speedup (eval.py).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from nanopar import NanoparError, ablations
-from nanopar.config import flags_given, parse_config, save_config
-from nanopar.curriculum import TrainConfig, recipe  # noqa: F401  (recipe: train.recipe(config), the resolved stages)
+from nanopar.config import flags_given, parse_config
+from nanopar.curriculum import TrainConfig
 from nanopar.defaults import apply_model_defaults
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> Path:
     if config.ablations:  # Parallel-R1's ablations: several runs from one base, then a table per ablation
         return ablations.run(config, argv, console)
     runner, chosen = open_run(config, console)
-    save_config(config, runner.out, extra={"resolved_stages": [dataclasses.asdict(s) for s in runner.stages]})
+    runner.write_config()
     started = time.perf_counter()
     for stage in chosen:
         runner.run(stage)

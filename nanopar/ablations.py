@@ -50,7 +50,6 @@ cells (about 1.3 points at the default sizes), and a difference under about two 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -58,7 +57,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import NanoparError
-from .config import flags_given, save_config
+from .config import flags_given
 from .curriculum import TrainConfig, recipe
 from .data import read_jsonl
 from .runner import Runner, open_run
@@ -205,8 +204,7 @@ def run(config: TrainConfig, argv: list[str], console: Console) -> Path:
     opened = open_arms(config, console)
     console.print(plan(opened))
     for arm, runner, chosen in opened.values():
-        save_config(runner.config, runner.out,
-                    extra={"resolved_stages": [dataclasses.asdict(s) for s in runner.stages]})
+        runner.write_config()
         console.rule(f"arm {arm.name}: {arm.what}")
         for stage in chosen:
             runner.run(stage)

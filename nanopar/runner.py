@@ -30,6 +30,7 @@ from rich.console import Console
 
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
+from .config import save_config
 from .curriculum import Stage, TrainConfig, recipe, schema_of, select, source_of
 from .data import SLICE, Problem, load_problems, load_traces, test_set_of, write_jsonl
 from .evaluation import evaluate, summarize
@@ -347,6 +348,10 @@ class Runner:
         """The first --eval-problems problems of an evaluation set (a fixed list: every stage sees the same)."""
         config = self.config
         return load_problems(spec, config.question_field or None, config.answer_field or None, config.eval_problems)
+
+    def write_config(self) -> None:
+        """<out>/config.json: every flag as resolved, and the stages of the recipe this run holds."""
+        save_config(self.config, self.out, extra={"resolved_stages": [dataclasses.asdict(s) for s in self.stages]})
 
     def validate(self, chosen: list[Stage]) -> None:
         """Fail on a bad setting, reward, data set or traces file before any model loads (not an

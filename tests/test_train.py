@@ -11,6 +11,7 @@ import train
 from conftest import one_line, read_metrics, reward_file, text_rollout
 from nanopar import NanoparError
 from nanopar.checkpoint import latest_checkpoint, save_checkpoint
+from nanopar.curriculum import recipe
 from nanopar.data import read_jsonl
 from nanopar.format import check_parallel
 from nanopar.model import ModelSettings, load_model
@@ -155,7 +156,7 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
     assert [r["kept_fraction"] for r in read_metrics(tmp_path) if r.get("event") == "distill"] == [0.5]
     assert "cold-start-data: kept 3 of 6 problems (50.0%)" in capsys.readouterr().out
     config = train.parse_config(train.TrainConfig, ["--recipe", "npr", "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
-    assert [s.teacher for s in train.recipe(config)] == [""] * 5  # self-distillation
+    assert [s.teacher for s in recipe(config)] == [""] * 5  # self-distillation
 
 
 @pytest.mark.parametrize(
@@ -243,7 +244,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
             "--micro-batch-tokens", "300"]  # SFT and GRPO micro-batches packed by a token budget
     train.main(args)
     config = train.parse_config(train.TrainConfig, args)
-    stages = train.recipe(config)
+    stages = recipe(config)
     runner = nanopar.runner.Runner(config, stages)
     names = [s.name for s in stages]
     assert names == ["pretrain", "sft", "rl-easy", "rl-hard", "baseline-rl-easy", "baseline-rl-hard"]
@@ -285,7 +286,7 @@ def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
     grads, calls = {}, {}
     for flags in ([], ["--gradient-checkpointing"]):
         config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
-        model, tokenizer, policy = nanopar.runner.Runner(config, train.recipe(config)).load(config.model, config.mode)
+        model, tokenizer, policy = nanopar.runner.Runner(config, recipe(config)).load(config.model, config.mode)
         mlp, count = model.model.layers[0].mlp, []  # counted in forward itself: hooks do not run in a recompute
         mlp.forward = lambda *args, real=mlp.forward, **kwargs: count.append(1) or real(*args, **kwargs)
         model.train()
@@ -304,7 +305,7 @@ def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
             "--stages", "sft,rl-hard", "--skip", "rl-easy"]
     train.main(args)
     config = train.parse_config(train.TrainConfig, args)
-    stages = train.recipe(config)
+    stages = recipe(config)
     runner = nanopar.runner.Runner(config, stages)
     assert [s.name for s in stages] == ["sft", "rl-hard"]
     assert runner.input_model(stages[1]) == str(tmp_path / "1-sft" / "final")
@@ -315,7 +316,7 @@ def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
     assert [r["stage"] for r in log if r.get("event") == "eval"] == ["sft", "rl-hard"]
     # a skipped stage with its own start passes it on: the baseline still starts from the base
     config = train.parse_config(train.TrainConfig, ["--baseline", "--skip", "baseline-rl-easy,rl-easy"])
-    stages = {s.name: s for s in train.recipe(config)}
+    stages = {s.name: s for s in recipe(config)}
     assert list(stages) == ["pretrain", "sft", "rl-hard", "baseline-rl-hard"]
     assert (stages["rl-hard"].start, stages["baseline-rl-hard"].start) == ("sft", "pretrain")
 
@@ -328,7 +329,7 @@ def test_held_out_results_are_reused_only_while_nothing_that_changes_the_samples
 
     def evaluations(*more):
         config = train.parse_config(train.TrainConfig, [*base, *more])
-        runner = nanopar.runner.Runner(config, train.recipe(config))
+        runner = nanopar.runner.Runner(config, recipe(config))
         stage = runner.stages[1]  # sft: its prompt and mode are the flags' (pretraining always reads causally)
         if not (runner.folder(stage) / "final").exists():
             save_checkpoint(runner.folder(stage) / "final", *load_model(ModelSettings("toy:model")))
@@ -371,7 +372,7 @@ def test_default_held_out_data_follows_the_run_and_is_never_trained_on(tmp_path,
 def test_auto_eval_data_for_toy_shipped_and_explicit_sets(tmp_path):
     def sets(*flags):
         config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
-        return nanopar.runner.Runner(config, train.recipe(config)).eval_sets()
+        return nanopar.runner.Runner(config, recipe(config)).eval_sets()
 
     assert sets() == ["toy:easy:heldout", "toy:hard:heldout"]  # the default run's sets, as before
     assert sets("--easy-data", "gsm8k_train", "--hard-data", "aime24") == ["gsm8k", "aime24[-15:]"]
@@ -395,7 +396,7 @@ def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode
 
     def resolved(*flags):
         config = train.parse_config(train.TrainConfig, list(flags))
-        return {s.name: (s.instructions, s.mode) for s in train.recipe(config)}
+        return {s.name: (s.instructions, s.mode) for s in recipe(config)}
 
     assert resolved("--instructions", "parallel", "--baseline", "--mode", "causal") == {
         "pretrain": ("parallel", "causal"), "sft": ("parallel", "causal"), "rl-easy": ("parallel", "causal"),
@@ -434,7 +435,7 @@ def test_the_toy_base_learns_to_follow_the_parallel_instructions_from_a_tenth_of
     assert not any(check_parallel(r["response"]).ok for r in records if "instructions" not in r)
     assert not any("instructions" in r for r in teacher_traces("toy:sequential"))  # Parallel-R1's base model
     config = train.parse_config(train.TrainConfig, ["--recipe", "npr"])
-    runner = nanopar.runner.Runner(config, train.recipe(config))
+    runner = nanopar.runner.Runner(config, recipe(config))
     pretrain = runner.stages[0]
     assert pretrain.traces == "toy:instruct"  # --pretrain-data auto: NPR starts from an instruct model
     tokenizer = load_model(ModelSettings("toy:model"))[1]
@@ -463,7 +464,6 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
 def test_each_schema_runs_with_each_recipe(tmp_path, monkeypatch):
     """--schema crosses the recipes: Parallel-R1's curriculum cold-starts on NPR rounds (the toy
     teacher writes them), and NPR's curriculum runs in Parallel-R1's tags."""
-    from nanopar.toy import npr_trace
 
     sft_batches = []
     real_step = nanopar.runner.sft_step
