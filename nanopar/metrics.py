@@ -67,6 +67,7 @@ def structure_metrics(responses: list[dict]) -> dict:
     paths = [n for r in responses for n in r["paths_per_block"]]
     branches = [n for r in responses for n in r["branches_per_block"]]
     counts = Counter(branches)
+    with_block = [r for r in responses if r["blocks"]]
     return {
         "parallel_ratio": fmean(r["has_parallel"] for r in responses),
         "relative_position": fmean(positions) if positions else None,
@@ -75,7 +76,7 @@ def structure_metrics(responses: list[dict]) -> dict:
         "branches_per_block": fmean(branches) if branches else None,
         "branch_counts": {str(n): counts[n] / len(branches) for n in sorted(counts)} if branches else None,
         "acceleration": _acceleration(responses),
-        "block_acceleration": _acceleration([r for r in responses if r["blocks"]]) if any(r["blocks"] for r in responses) else None,
+        "block_acceleration": _acceleration(with_block) if with_block else None,
         "response_length": fmean(r["new_tokens"] for r in responses),
         "truncation_rate": fmean(r["finish"] == "length" for r in responses),
     }

@@ -596,8 +596,7 @@ def _block(t: TagSchema, plans: list[str] | None, branches: list[str], summary: 
     if t.planned:
         head += "".join(f"{t.plan_open}{t.label(k)}{plan}{t.plan_close}" for k, plan in enumerate(plans)) + t.plans_close
     body = "".join(f"{t.path_open}{t.label(k)}{branch}{t.path_close}" for k, branch in enumerate(branches))
-    close = "" if t.planned else t.block_close
-    return f"{head}{body}{close}{t.summary_open}{summary}{t.summary_close}"
+    return f"{head}{body}{t.block_close or ''}{t.summary_open}{summary}{t.summary_close}"  # NPR's round has no closing tag
 
 
 def _check_parallel_problem(problem: Problem) -> None:
