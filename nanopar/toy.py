@@ -46,9 +46,14 @@ class Level:
     low: int = 1  # smallest number
     high: int = 9  # largest number
     bound: int = 100  # every intermediate result lies in 1..bound
+    heldout_tenths: int = 1  # share of the level's problems held out of training, in tenths (`is_heldout`)
+    heldout_problems: int = 150  # size of the fixed held-out set ("toy:<level>:heldout"; evaluations take its first N)
 
 
-LEVELS = {"easy": Level(count=3, attempts=4), "hard": Level(count=4, attempts=3)}
+# easy holds out 3 tenths: its world has only ~1,870 distinct problems, and a held-out accuracy
+# near 50% needs ~500 of them for a standard error <= 1.5 points; hard's ~20,000 need 1 tenth
+LEVELS = {"easy": Level(count=3, attempts=4, heldout_tenths=3, heldout_problems=500),
+          "hard": Level(count=4, attempts=3, heldout_problems=500)}
 PARALLEL_PATHS = 3  # K of the parallel teacher: paths per block (the sampler should fork as many); NPR: the most plans
 HELDOUT_SEED = 1_000_000_007  # the held-out generator's seed (the split itself is by checksum)
 FINAL = "Final Answer:"
@@ -106,11 +111,12 @@ def random_route(numbers, bound: int, rng: random.Random) -> Route:
     return Route(steps, pool[0][0], pool[0][1][1:-1])
 
 
-def is_heldout(numbers, target: int) -> bool:
-    """The split: held out when crc32("sorted numbers>target") is 0 mod 10 (about 10% of problems),
-    so `make_problems` (training, any seed; repeats allowed) and `heldout` (fixed seed, distinct
-    problems) never share a problem, whatever seeds are used."""
-    return zlib.crc32(f"{sorted(numbers)}>{target}".encode()) % 10 == 0
+def is_heldout(numbers, target: int, tenths: int) -> bool:
+    """The split: held out when crc32("sorted numbers>target") mod 10 is below `tenths` (the
+    level's `heldout_tenths`: about that many tenths of its problems), so `make_problems`
+    (training, any seed; repeats allowed) and `heldout` (fixed seed, distinct problems) never
+    share a problem, whatever seeds are used."""
+    return zlib.crc32(f"{sorted(numbers)}>{target}".encode()) % 10 < tenths
 
 
 def make_problems(level: str, n: int, seed: int, split: str = "train") -> list[Problem]:
@@ -128,7 +134,7 @@ def make_problems(level: str, n: int, seed: int, split: str = "train") -> list[P
     while len(problems) < n:
         numbers = [rng.randint(spec.low, spec.high) for _ in range(spec.count)]
         route = random_route(numbers, spec.bound, rng)
-        if is_heldout(numbers, route.value) != (split == "heldout"):
+        if is_heldout(numbers, route.value, spec.heldout_tenths) != (split == "heldout"):
             continue
         problems.append(Problem(
             id=f"toy-{level}:{seed}:{len(problems)}",
@@ -141,16 +147,17 @@ def make_problems(level: str, n: int, seed: int, split: str = "train") -> list[P
     return problems
 
 
-def heldout(level: str, n: int = 150) -> list[Problem]:
-    """The fixed held-out split of a level: `n` distinct problems no training seed can produce."""
-    return list(_heldout(level, n))
+def heldout(level: str, n: int = 0) -> list[Problem]:
+    """The fixed held-out split of a level: `n` distinct problems no training seed can produce
+    (0 = the level's `heldout_problems`); a smaller `n` gives the first `n` of a larger one."""
+    return list(_heldout(level, n or LEVELS[level].heldout_problems))
 
 
 @functools.lru_cache(maxsize=8)
 def _heldout(level: str, n: int) -> tuple[Problem, ...]:
     """Computed once per process. Draws grow until `n` are distinct (easy repeats often); a longer
     draw starts with the shorter one, so the result does not depend on how many draws it took."""
-    for draws in (4 * n, 16 * n, 64 * n):
+    for draws in (4 * n, 16 * n, 64 * n, 256 * n):
         seen, kept = set(), []
         for p in make_problems(level, draws, HELDOUT_SEED, split="heldout"):
             key = (tuple(sorted(p.extra["numbers"])), p.extra["target"])

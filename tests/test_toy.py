@@ -6,6 +6,7 @@ by step and round-tripped through the tokenizer.
 
 import collections
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -57,14 +58,14 @@ BOUNDS = {"easy-sequential": (70, 130), "hard-sequential": (80, 130), "easy-para
           "npr-exploration": (130, 185), "npr-verification": (145, 195)}
 DEFAULTS = TrainConfig()  # the toy's sampler budgets: max_new_tokens, max_path_tokens, max_blocks
 MAX_PATH_TOKENS = DEFAULTS.max_path_tokens  # 48: a step (label, attempt or check, </step>) must fit
-# sha256 of json.dumps(teacher_traces(name), sort_keys=True) in Parallel-R1's tags. "toy:sequential"
-# was computed before the NPR teacher existed and must not move (the base model of the default run);
-# the two mixes with parallel traces moved on purpose with issue 14's teacher (exploration blocks
-# until the sequential attempt count, and verification blocks).
+# sha256 of json.dumps(teacher_traces(name), sort_keys=True) in Parallel-R1's tags: the base model of
+# the default run is trained on "toy:sequential" and must not move by accident. All three moved on
+# purpose when easy began to hold out 3 tenths of its problems (issue 14: a held-out set of 500 for
+# a standard error <= 1.5 points); the parallel mixes also with issue 14's teacher before that.
 PARALLEL_R1_TRACES = {
-    "toy:sequential": "8df5188b90d15cd7bde9c30adaa51ff90c0ba53182a9f2a2225ced4de6a0bf74",
-    "toy:instruct": "9f4e2f3b8eff4d874d165eb7cd222afca85fa091ad8e5e6dff56b73d0d0d0f4d",
-    "toy:parallel": "5fd061fd54756da1ab3f6e27e0d6508f59f3aad5b326ea6c5ad8a85b94e364c9",
+    "toy:sequential": "987bf03d27784d43512207405f770cb0d45c271ddef0ff4a5fd96f678be968b7",
+    "toy:instruct": "28173f0e269837e2bfbc7ce1218101d7cefeb6f567681b61f756be76ac4b9e7e",
+    "toy:parallel": "3632c2565a5d3382860e33dc60b77b1ecf160462ae71124a2b43b8a968bf67a5",
 }
 
 
@@ -144,14 +145,20 @@ def test_generators_are_seeded(held):
 
 def test_heldout_is_fixed_distinct_and_disjoint_from_training(held):
     for level in LEVELS:
-        split = held[level]
-        assert len(split) == 150 and len({key(p) for p in split}) == 150
-        assert len({p.id for p in split}) == 150 and all(p.id.startswith(f"toy-{level}-heldout:") for p in split)
-        assert all(is_heldout(*key(p)) for p in split)
+        split, n, tenths = held[level], LEVELS[level].heldout_problems, LEVELS[level].heldout_tenths
+        assert len(split) == n == 500 and len({key(p) for p in split}) == n
+        assert len({p.id for p in split}) == n and all(p.id.startswith(f"toy-{level}-heldout:") for p in split)
+        assert all(is_heldout(*key(p), tenths) for p in split)
+        assert heldout(level, 150) == split[:150]  # a shorter evaluation takes the first problems
         train = [p for seed in range(4) for p in make_problems(level, 1000, seed)]
         assert not {key(p) for p in train} & {key(p) for p in split}
-        assert not any(is_heldout(*key(p)) for p in train)
-        assert len({key(p) for p in train}) > 1200  # not tiny: easy ~1,400 distinct in 4,000 draws, hard more
+        assert not any(is_heldout(*key(p), tenths) for p in train)
+        assert len({key(p) for p in train}) > 1000  # not tiny: easy ~1,100 distinct in 4,000 draws, hard more
+    # the split's shares by checksum, counted over the whole easy world (every route's target)
+    easy = {(tuple(sorted(ns)), r.value) for ns in itertools.combinations_with_replacement(range(1, 10), 3)
+            for r in routes(ns)}
+    share = sum(is_heldout(ns, t, LEVELS["easy"].heldout_tenths) for ns, t in easy) / len(easy)
+    assert 1800 < len(easy) < 2000 and abs(share - 0.3) < 0.03
 
 
 def test_problems_are_well_formed_and_solvable(problems):
@@ -469,7 +476,7 @@ def test_npr_traces_follow_npr_rules_and_grade_correct(npr_traces):
         rounds = blocks_of(trace, NPR)
         assert rounds[-1][2] == p.answer and all(takeaway == "no" for _, _, takeaway in rounds[:-1]), trace
         counts.append(len(rounds[0][0]))
-    assert set(counts) == {2, 3} and 0.5 < counts.count(2) / len(counts) < 0.7, counts.count(2)  # measured ~0.6
+    assert set(counts) == {2, 3} and 0.4 < counts.count(2) / len(counts) < 0.6, counts.count(2)  # equally likely: 0.48 here
 
 
 def test_npr_teacher_asks_for_easy_problems_and_a_schema_with_plans(problems):

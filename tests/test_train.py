@@ -173,6 +173,9 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
         (["--sft-data", "", "--skip", "cold-start-data"], "--skip cold-start-data: stage sft reads its traces"),
         (["--stages", "sft", "--hard-reward", "acuracy"], "unknown reward 'acuracy'"),  # a stage not run
         (["--paths", "0"], "paths per block must be between 2 and 8, got 0"),
+        (["--lr", "0"], "--lr must be > 0, not 0"),
+        (["--sft-lr", "-0.001"], "--sft-lr must be > 0, not -0.001"),
+        (["--rl-hard-lr", "-0.0001"], "--rl-hard-lr must be > 0, or 0 for --lr's, not -0.0001"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message, tmp_path):
@@ -319,6 +322,21 @@ def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
     stages = {s.name: s for s in recipe(config)}
     assert list(stages) == ["pretrain", "sft", "rl-hard", "baseline-rl-hard"]
     assert (stages["rl-hard"].start, stages["baseline-rl-hard"].start) == ("sft", "pretrain")
+
+
+def test_rl_hard_lr_sets_the_hard_stages_learning_rate_and_nothing_else():
+    """--rl-hard-lr reaches the RL stages on hard problems of both recipes and the baseline; the
+    other stages keep theirs, and 0 (the default) leaves every RL stage at --lr."""
+    def rates(*flags):
+        return {s.name: s.lr for s in recipe(train.parse_config(train.TrainConfig, ["--baseline", *flags]))
+                if s.kind != "distill"}
+    assert rates("--lr", "2e-5") == {"pretrain": 2e-3, "sft": 1e-3, "rl-easy": 2e-5, "rl-hard": 2e-5,
+                                     "baseline-rl-easy": 2e-5, "baseline-rl-hard": 2e-5}
+    assert rates("--lr", "2e-5", "--rl-hard-lr", "1e-4") == {
+        "pretrain": 2e-3, "sft": 1e-3, "rl-easy": 2e-5, "rl-hard": 1e-4, "baseline-rl-easy": 2e-5,
+        "baseline-rl-hard": 1e-4}
+    npr = rates("--recipe", "npr", "--rl-hard-lr", "1e-4")
+    assert (npr["format-rl"], npr["parallel-rl"], npr["baseline-rl-hard"]) == (3e-5, 1e-4, 1e-4)
 
 
 @pytest.mark.parametrize("flags", [["--mode", "causal"], ["--max-path-tokens", "7"], ["--top-k", "5"],
