@@ -339,17 +339,15 @@ def grade_countdown(response_text: str, problem: Problem) -> Grade:
 # how hard it is.
 #
 # Lengths in `toy_tokenizer` tokens (the 600 traces of tests/test_toy.py each; NPR with its tags
-# added), mean / max: easy sequential ~60 / 93, hard sequential ~73 / 106; Parallel-R1 exploration
-# ~100 / 154 (critical path ~53: shorter than the sequential trace of the same draws, ~60, with at
-# least as many attempts), verification ~124 / 158, the two mixed ~103 / 158; NPR exploration
-# ~122 / 180, verification ~140 / 188, mixed ~122 / 183 (its plans and labels cost ~7 tokens a
+# added), mean / max: easy sequential ~60 / 93, hard sequential ~74 / 106; Parallel-R1 exploration
+# ~100 / 155 (critical path ~53: shorter than the sequential trace of the same draws, ~60, with at
+# least as many attempts), verification ~123 / 163, the two mixed ~102 / 158; NPR exploration
+# ~121 / 179, verification ~139 / 188, mixed ~125 / 188 (its plans and labels cost ~7 tokens a
 # branch: its critical path, ~82, is longer than the sequential trace's). The budget a trace
 # needs is its sampled tokens and EOS (structured sampling inserts <Path> and </Parallel><Summary>,
 # NPR's <step> "i:" and <takeaway>); over the ~6,800 parallel traces of "toy:parallel" and
-# "toy:instruct": Parallel-R1 <= 154 structured, <= 159 causal, so the toy's max_new_tokens of 160
-# (curriculum.TrainConfig) holds them all; NPR's <= 179 / 189: 3% / 14% of them need more than
-# 160 (192 would hold all; the default is shared with sample.py and eval.py, whose owners would
-# move it with it, so it stays 160 here).
+# "toy:instruct": Parallel-R1 <= 154 structured, <= 159 causal, NPR's <= 178 / 188, so the toy's
+# max_new_tokens of 224 (defaults.TOY_SAMPLING, shared by the three scripts) holds them all.
 # tests/test_toy.py holds them to these, and a branch to <= 48 tokens (max_path_tokens).
 # Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
 # alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\n").
