@@ -48,11 +48,9 @@ def summary(runner: Runner, stages) -> Table:
 
 
 PRESETS = {  # name -> the TrainConfig fields it changes
-    # 1e-4 on hard problems: their rewards are sparse (~16% right), and 60 steps at 3e-5 moved hard
-    # accuracy by 1-3 points, within noise; all 500 held-out problems: an easy cell near 50% needs
-    # them for a standard error <= 1.5 points
+    # all 560 held-out problems: an easy cell near 50% needs them for a standard error <= 1.5 points
     "long": {"out": "runs/long", "pretrain_steps": 2000, "sft_steps": 400, "rl_easy_steps": 60, "rl_hard_steps": 60,
-             "rl_hard_lr": 1e-4, "eval_problems": 500},
+             "eval_problems": 560},
 }
 
 

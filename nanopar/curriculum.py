@@ -105,7 +105,7 @@ class TrainConfig(SamplerSettings):
     distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all)
     # held-out evaluation after every training stage (the final table)
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
-    eval_problems: int = 150  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 500 (--preset long takes them all)
+    eval_problems: int = 150  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560 (--preset long takes them all)
     eval_samples: int = 8  # responses per problem, at --temperature (toy: 150 x 8 puts an accuracy's standard error near 1.4 points at 10%, 4 samples 1.6); real model: 1
     eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
     # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)
@@ -117,7 +117,6 @@ class TrainConfig(SamplerSettings):
     temperature: float = 1.0  # sampling temperature (the policy GRPO trains)
     # optimisation
     lr: float = 3e-5  # RL learning rate (AdamW); toy: 1e-4 moves a sequence 2-3 nats per step and degrades it; real model: 1e-5
-    rl_hard_lr: float = 0.0  # learning rate of the RL stages on hard problems (rl-hard, baseline-rl-hard, NPR's parallel-rl); 0 = --lr. Sparse rewards: the long preset's 1e-4 there gains 3-5 points where 3e-5 gained 1-3, while 1e-4 on easy costs hard accuracy
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warm-up steps per stage
     advantage: str = "zscore"  # "zscore", "mean" or "batch" (group mean, batch std: PAPO; NPR's last stage uses it)
@@ -140,9 +139,6 @@ def recipe(config: TrainConfig) -> list[Stage]:
     for flag, value in (("--lr", c.lr), ("--sft-lr", c.sft_lr), ("--pretrain-lr", c.pretrain_lr)):
         if not value > 0:
             raise NanoparError(f"{flag} must be > 0, not {value:g}")
-    if not c.rl_hard_lr >= 0:
-        raise NanoparError(f"--rl-hard-lr must be > 0, or 0 for --lr's, not {c.rl_hard_lr:g}")
-    hard_lr = c.rl_hard_lr or c.lr
     pretrain = c.pretrain_data
     if pretrain == "auto":  # a world that builds its own base model says on which traces, per recipe
         source = source_for(c.easy_data)
@@ -156,7 +152,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
         stages = base + cold_start + [
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
             Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
-            Stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward, lr=hard_lr),
+            Stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward, lr=c.lr),
         ]
     elif c.recipe == "npr":
         # NPR prompts with its format at every stage; the parallel mask and positions arrive with
@@ -169,7 +165,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
             Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured",
                   **npr),
             Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
-                  advantage="batch", lr=hard_lr, mode="structured", **npr),
+                  advantage="batch", lr=c.lr, mode="structured", **npr),
         ]
     else:
         raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
@@ -178,7 +174,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
         stages += [
             Stage("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="accuracy", lr=c.lr,
                   start=start, instructions="plain"),
-            Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=hard_lr,
+            Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr,
                   instructions="plain"),
         ]
     for stage in stages:  # what the recipe leaves open, the flags decide

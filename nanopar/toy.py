@@ -50,10 +50,11 @@ class Level:
     heldout_problems: int = 150  # size of the fixed held-out set ("toy:<level>:heldout"; evaluations take its first N)
 
 
-# easy holds out 3 tenths: its world has only ~1,870 distinct problems, and a held-out accuracy
-# near 50% needs ~500 of them for a standard error <= 1.5 points; hard's ~20,000 need 1 tenth
-LEVELS = {"easy": Level(count=3, attempts=4, heldout_tenths=3, heldout_problems=500),
-          "hard": Level(count=4, attempts=3, heldout_problems=500)}
+# easy holds out 3 tenths: its world has only 1,865 distinct problems (577 held out), and a
+# held-out accuracy near 50% needs ~550 of them for a standard error <= 1.5 points (measured:
+# 1.52 at 500); hard's 20,142 need 1 tenth
+LEVELS = {"easy": Level(count=3, attempts=4, heldout_tenths=3, heldout_problems=560),
+          "hard": Level(count=4, attempts=3, heldout_problems=560)}
 PARALLEL_PATHS = 3  # K of the parallel teacher: paths per block (the sampler should fork as many); NPR: the most plans
 HELDOUT_SEED = 1_000_000_007  # the held-out generator's seed (the split itself is by checksum)
 FINAL = "Final Answer:"

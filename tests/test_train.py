@@ -9,7 +9,7 @@ import nanopar.grpo
 import nanopar.runner
 import train
 from conftest import one_line, read_metrics, reward_file, text_rollout
-from nanopar import NanoparError
+from nanopar import NanoparError, toy
 from nanopar.checkpoint import latest_checkpoint, save_checkpoint
 from nanopar.curriculum import recipe
 from nanopar.data import read_jsonl
@@ -175,7 +175,6 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
         (["--paths", "0"], "paths per block must be between 2 and 8, got 0"),
         (["--lr", "0"], "--lr must be > 0, not 0"),
         (["--sft-lr", "-0.001"], "--sft-lr must be > 0, not -0.001"),
-        (["--rl-hard-lr", "-0.0001"], "--rl-hard-lr must be > 0, or 0 for --lr's, not -0.0001"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message, tmp_path):
@@ -280,6 +279,8 @@ def test_a_preset_sets_its_fields_but_explicit_flags_win():
     argv = ["--preset", "long", "--sft-steps", "7"]
     config = train.apply_preset(train.parse_config(train.TrainConfig, argv), argv)
     assert (config.out, config.pretrain_steps, config.sft_steps) == ("runs/long", 2000, 7)
+    # the long preset evaluates on every problem of the toy's held-out sets, none fewer
+    assert config.eval_problems == len(toy.heldout("easy")) == len(toy.heldout("hard")) == 560
     assert train.apply_preset(train.parse_config(train.TrainConfig, []), []).pretrain_steps == 600
 
 
@@ -322,21 +323,6 @@ def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
     stages = {s.name: s for s in recipe(config)}
     assert list(stages) == ["pretrain", "sft", "rl-hard", "baseline-rl-hard"]
     assert (stages["rl-hard"].start, stages["baseline-rl-hard"].start) == ("sft", "pretrain")
-
-
-def test_rl_hard_lr_sets_the_hard_stages_learning_rate_and_nothing_else():
-    """--rl-hard-lr reaches the RL stages on hard problems of both recipes and the baseline; the
-    other stages keep theirs, and 0 (the default) leaves every RL stage at --lr."""
-    def rates(*flags):
-        return {s.name: s.lr for s in recipe(train.parse_config(train.TrainConfig, ["--baseline", *flags]))
-                if s.kind != "distill"}
-    assert rates("--lr", "2e-5") == {"pretrain": 2e-3, "sft": 1e-3, "rl-easy": 2e-5, "rl-hard": 2e-5,
-                                     "baseline-rl-easy": 2e-5, "baseline-rl-hard": 2e-5}
-    assert rates("--lr", "2e-5", "--rl-hard-lr", "1e-4") == {
-        "pretrain": 2e-3, "sft": 1e-3, "rl-easy": 2e-5, "rl-hard": 1e-4, "baseline-rl-easy": 2e-5,
-        "baseline-rl-hard": 1e-4}
-    npr = rates("--recipe", "npr", "--rl-hard-lr", "1e-4")
-    assert (npr["format-rl"], npr["parallel-rl"], npr["baseline-rl-hard"]) == (3e-5, 1e-4, 1e-4)
 
 
 @pytest.mark.parametrize("flags", [["--mode", "causal"], ["--max-path-tokens", "7"], ["--top-k", "5"],
