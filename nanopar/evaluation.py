@@ -139,6 +139,8 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
     `accuracy_se` is its standard error with problems as the unit (the k samples of a problem are
     not independent): the standard deviation of the per-problem accuracies over sqrt(problems)
     (None for one problem); with k = 1 it is the binomial sqrt(p (1 - p) / (n - 1)).
+    `per_problem` keeps each problem's accuracy ("source/id" -> correct / samples), so two
+    evaluations of the same problems can be compared pair by pair (`paired_difference`).
     `answers_found` / `answers_found_flexible` are the shares of responses in which each reading
     found an answer, `parse_failures` / `parse_failures_flexible` those it could not grade (no
     answer, or math-verify could not read it): a model that fails at the format, not at the maths,
@@ -164,6 +166,7 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "k": k,
         "accuracy": statistics.fmean(sum(c) / len(c) for c in correct.values()),
         "accuracy_se": _standard_error([sum(c) / len(c) for c in correct.values()]),
+        "per_problem": {f"{source}/{id_}": sum(c) / len(c) for (source, id_), c in correct.items()},
         "accuracy_flexible": statistics.fmean(sum(c) / len(c) for c in flexible.values()) if both else None,
         "answers_found": _share_set(records, "extracted"),
         "answers_found_flexible": _share_set(records, "flexible_extracted") if both else None,
@@ -173,6 +176,26 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "parse_failures_flexible": _share_set(records, "flexible_error") if both else None,
         **structure_metrics(records),
     }
+
+
+def paired_difference(before: dict, after: dict) -> tuple[float, float] | None:
+    """(after - before, its standard error) in accuracy, two `summarize` results of the same
+    problems compared problem by problem: the mean and standard error of the per-problem
+    differences over the problems both hold. A problem hard for one model is mostly hard for the
+    other, so this error is smaller than sqrt(se_before^2 + se_after^2), which treats the two as
+    independent samples. None without `per_problem` (results saved before it was kept) or with
+    fewer than two shared problems.
+
+    >>> paired_difference({"per_problem": {"a": 0.0, "b": 0.5, "c": 1.0}},
+    ...                   {"per_problem": {"a": 0.5, "b": 0.5, "c": 1.0, "d": 0.0}})  # differences 0.5, 0, 0
+    (0.16666666666666666, 0.16666666666666666)
+    """
+    a, b = before.get("per_problem"), after.get("per_problem")
+    shared = sorted(set(a) & set(b)) if a is not None and b is not None else []
+    if len(shared) < 2:
+        return None
+    differences = [b[key] - a[key] for key in shared]
+    return statistics.fmean(differences), _standard_error(differences)
 
 
 def _standard_error(values: list[float]) -> float | None:

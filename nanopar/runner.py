@@ -33,7 +33,7 @@ from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints
 from .config import save_config
 from .curriculum import Stage, TrainConfig, recipe, schema_of, select, source_of
 from .data import SLICE, Problem, load_problems, load_traces, test_set_of, write_jsonl
-from .evaluation import evaluate, summarize
+from .evaluation import evaluate, paired_difference, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
 from .metrics import MetricsLog
 from .model import ModelSettings, load_model
@@ -204,6 +204,17 @@ class Runner:
         self.log.write({"stage": stage.name, "event": "eval", "seconds": time.perf_counter() - started,
                         "results": results})
         return results
+
+    def change_over_start(self, stage: Stage) -> dict[str, tuple[float, float]]:
+        """{data spec: (accuracy - that of the stage it started from, standard error)}: held-out
+        results compared problem by problem (`evaluation.paired_difference`). {} for a stage that
+        starts from the configured --model (it has no evaluation here) or from one not finished."""
+        source = source_of(self.stages, stage)
+        if source is None or source.kind == "distill" or not (self.folder(source) / "final").exists():
+            return {}
+        before, after = self.evaluate(source) or {}, self.evaluate(stage) or {}
+        pairs = {spec: paired_difference(before[spec], after[spec]) for spec in after if spec in before}
+        return {spec: pair for spec, pair in pairs.items() if pair is not None}
 
     def eval_key(self, stage: Stage) -> dict:
         """What decides a held-out evaluation's samples, the key of its eval.json: the sets and

@@ -204,6 +204,9 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("seconds", "seconds", "count"),
 ]
 STAGE_ROWS = [row for row in METRIC_ROWS if row.stage]  # train.py's held-out rows, per evaluation set
+# and after "accuracy SE": accuracy minus that of the stage it started from, ± the standard error of
+# the difference taken problem by problem (points; runner.change_over_start)
+CHANGE_ROW = "vs its start"
 
 
 def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | None = None,
@@ -238,7 +241,7 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
 
 def _stage_column(runner, stage, records: list[dict], errors: list[float]) -> dict[str, str]:
     """{row name: cell} of one stage: steps, mean reward of its last 5 steps, seconds, then
-    STAGE_ROWS per evaluation set; appends each set's accuracy standard error to `errors`."""
+    STAGE_ROWS per evaluation set (and CHANGE_ROW); appends each set's accuracy standard error to `errors`."""
     config = runner.config
     rows = [r for r in records if r.get("stage") == stage.name]
     steps = [r for r in rows if "step" in r]
@@ -247,12 +250,17 @@ def _stage_column(runner, stage, records: list[dict], errors: list[float]) -> di
     column = {"steps": str(steps[-1]["step"]) if steps else "-",
               "reward (last 5 steps)": metric_cell(sum(rewards) / len(rewards) if rewards else None, "number"),
               "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
+    changes = runner.change_over_start(stage) if results else {}
     for spec in runner.eval_sets() if config.eval_problems else []:
         result = (results or {}).get(spec, {})
         if result.get("accuracy_se") is not None:
             errors.append(result["accuracy_se"])
         for row in STAGE_ROWS:
             column[f"{set_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
+            if row.key == "accuracy_se":  # then the change over the stage it started from, paired
+                change = changes.get(spec)
+                column[f"{set_label(spec)}: {CHANGE_ROW}"] = (
+                    f"{100 * change[0]:+.1f} ± {100 * change[1]:.1f}" if change else "-")
     return column
 
 

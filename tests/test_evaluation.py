@@ -18,6 +18,7 @@ from nanopar.evaluation import (
     evaluate,
     forked,
     histogram,
+    paired_difference,
     pass_at_k,
     rescore,
     reward_report,
@@ -117,6 +118,31 @@ def test_the_standard_error_is_the_binomial_one_at_one_sample_and_grows_with_cor
     assert one["accuracy_se"] == pytest.approx(math.sqrt(0.3 * 0.7 / 9))
     agree = summarize([hand_record(str(i), i < 2) for i in range(4) for _ in range(4)])
     assert agree["accuracy_se"] == pytest.approx(math.sqrt(0.5 * 0.5 / 3))  # > sqrt(0.25 / 15) of 16 draws
+
+
+def test_a_paired_difference_takes_the_problems_both_evaluated_one_by_one():
+    """Two evaluations of the same 6 problems, 2 samples each; the second right once more on three
+    of them. Per-problem differences 0.5, 0.5, 0.5, 0, 0, 0: mean 0.25, sample sd sqrt(0.075),
+    over sqrt(6). The unpaired error, sqrt(se_a^2 + se_b^2), is much larger: the problems a model
+    solves are mostly the ones the other solves."""
+    import math
+    import statistics
+
+    right_before = {"p0": 0, "p1": 1, "p2": 1, "p3": 2, "p4": 0, "p5": 2}  # correct samples of 2
+    right_after = {"p0": 1, "p1": 2, "p2": 2, "p3": 2, "p4": 0, "p5": 2}
+    before, after = (summarize([hand_record(p, i < n) for p, n in right.items() for i in range(2)])
+                     for right in (right_before, right_after))
+    assert before["per_problem"] == {f"s/{p}": n / 2 for p, n in right_before.items()}
+    difference, se = paired_difference(before, after)
+    differences = [0.5, 0.5, 0.5, 0, 0, 0]
+    assert difference == pytest.approx(after["accuracy"] - before["accuracy"]) == pytest.approx(0.25)
+    assert se == pytest.approx(statistics.stdev(differences) / math.sqrt(6)) == pytest.approx(math.sqrt(0.075 / 6))
+    assert se < 0.5 * math.hypot(before["accuracy_se"], after["accuracy_se"])
+    # only the shared problems count; results saved before per-problem accuracies were kept: None
+    wider = summarize([hand_record(p, True) for p in ["p0", "p1", "p9"] for _ in range(2)])
+    assert paired_difference(before, wider) == pytest.approx((0.75, math.sqrt(0.125 / 2)))  # p0 +1, p1 +0.5
+    assert paired_difference({k: v for k, v in before.items() if k != "per_problem"}, after) is None
+    assert paired_difference(before, summarize([hand_record("p0", True)])) is None  # one shared problem
 
 
 def test_summarize_refuses_a_k_some_problem_lacks():

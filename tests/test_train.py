@@ -509,3 +509,43 @@ def test_grpo_alone_on_your_own_model(tmp_path):
     out = train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--stages", "rl-easy", "--skip", "sft"])
     assert (out / "1-rl-easy" / "final").is_dir()  # the recipe without sft: rl-easy, rl-hard
     assert [r["stage"] for r in read_metrics(out) if r.get("event") == "done"] == ["rl-easy"]
+
+
+def test_the_table_of_stages_shows_each_stages_change_over_the_one_it_started_from(tmp_path, monkeypatch):
+    """The "vs its start" rows: a stage's held-out accuracy minus that of the stage it started
+    from, ± the standard error of the per-problem differences, read from the two eval.json files
+    (no model loads); "-" for the first stage, whose input (--model) is not evaluated here."""
+    import math
+    import statistics
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(nanopar.runner, "load_model", load_model)
+    config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), "--pretrain-data", "",
+                                                    "--eval-problems", "4"])
+    stages = recipe(config)
+    runner = nanopar.runner.Runner(config, stages)
+    easy, hard = runner.eval_sets()
+    accuracies = {"sft": [0, 0.5, 0.5, 1], "rl-easy": [0.5, 1, 0.5, 1], "rl-hard": [0.5, 1, 1, 1]}
+    for stage in stages:
+        (runner.folder(stage) / "final").mkdir(parents=True)
+        per_problem = {f"toy/{i}": a for i, a in enumerate(accuracies[stage.name])}
+        result = {"accuracy": statistics.fmean(accuracies[stage.name]), "accuracy_se": 0.1, "per_problem": per_problem}
+        (runner.folder(stage) / "eval.json").write_text(json.dumps({"how": runner.eval_key(stage), "results": {
+            easy: result, hard: result | {"per_problem": dict(list(per_problem.items())[:2])}}}))
+    (tmp_path / "metrics.jsonl").write_text("")
+    table = train.summary(runner, stages)
+    names = list(table.columns[0].cells)
+
+    def cells(row):
+        return [list(column.cells)[names.index(row)] for column in table.columns[1:]]
+
+    def expected(before, after):
+        differences = [b - a for a, b in zip(accuracies[before], accuracies[after])]
+        return f"{100 * statistics.fmean(differences):+.1f} ± {100 * statistics.stdev(differences) / math.sqrt(4):.1f}"
+
+    assert names.index("easy: vs its start") == names.index("easy: accuracy SE") + 1
+    assert cells("easy: vs its start") == ["-", expected("sft", "rl-easy"), expected("rl-easy", "rl-hard")]
+    assert cells("easy: vs its start")[1:] == ["+25.0 ± 14.4", "+12.5 ± 12.5"]
+    assert cells("hard: vs its start") == ["-", "+50.0 ± 0.0", "+0.0 ± 0.0"]  # the first 2 problems only: 0.5, 0.5
