@@ -60,6 +60,7 @@ from . import NanoparError
 from .config import flags_given
 from .curriculum import TrainConfig, recipe
 from .data import read_jsonl
+from .evaluation import paired_difference
 from .runner import Runner, open_run
 from .show import metric_cell, set_label, stage_table
 
@@ -248,8 +249,8 @@ def extra_rows(ablation: Ablation, opened: dict) -> dict[str, list[str]]:
     if ablation.differences:
         for spec in opened[arms_[0]][1].eval_sets():
             rows[f"{set_label(spec)}: with - without rl-easy"] = [
-                _points(_accuracy(opened, arm, spec) - _accuracy(opened, ablation.differences[arm], spec))
-                if arm in ablation.differences else "" for arm in arms_]
+                _difference(opened, arm, ablation.differences[arm], spec) if arm in ablation.differences else ""
+                for arm in arms_]
     if ablation.paper:
         rows[ablation.paper_row] = [
             "" if arm not in ablation.paper else _points(ablation.paper[arm] / 100)
@@ -258,14 +259,19 @@ def extra_rows(ablation: Ablation, opened: dict) -> dict[str, list[str]]:
     return rows
 
 
-def _accuracy(opened: dict, arm: str, spec: str) -> float:
-    """Held-out accuracy of an arm's last stage on one set (its eval.json)."""
-    runner = opened[arm][1]
-    return runner.evaluate(runner.stages[-1])[spec]["accuracy"]
+def _difference(opened: dict, arm: str, other: str, spec: str) -> str:
+    """Held-out accuracy of `arm`'s last stage minus `other`'s on one set (their eval.json), with
+    the standard error of the per-problem differences (both see the same problems); without it
+    when either result predates per-problem accuracies."""
+    with_, without = (opened[a][1].evaluate(opened[a][1].stages[-1])[spec] for a in (arm, other))
+    paired = paired_difference(without, with_)
+    if paired is None:
+        return _points(with_["accuracy"] - without["accuracy"])
+    return _points(*paired)
 
 
-def _points(difference: float) -> str:
-    return f"{100 * difference:+.1f} pts"
+def _points(difference: float, error: float | None = None) -> str:
+    return f"{100 * difference:+.1f}" + (f" ± {100 * error:.1f}" if error is not None else "") + " pts"
 
 
 def seconds(opened: dict) -> Table:

@@ -75,14 +75,16 @@ def test_the_alternating_arm_has_both_rewards_at_any_length(steps):
         assert rewards[-1] == "parallel" or rewards.count("parallel") >= 2  # they alternate, not one switch
 
 
-def fake_results(runner, stage, easy, hard):
-    """An eval.json for `stage` that `Runner.evaluate` takes as its own (its key matches)."""
+def fake_results(runner, stage, easy, hard, per_problem=None):
+    """An eval.json for `stage` that `Runner.evaluate` takes as its own (its key matches), with
+    `per_problem` accuracies on the hard set when given."""
     result = {"accuracy": None, "parallel_ratio": None}
     sets = runner.eval_sets()
     folder = runner.folder(stage)
     folder.mkdir(parents=True, exist_ok=True)
     results = {sets[0]: result | {"accuracy": easy, "parallel_ratio": 0.5, "accuracy_se": 0.011},
-               sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25, "accuracy_se": hard / 10}}
+               sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25, "accuracy_se": hard / 10}
+               | ({"per_problem": per_problem} if per_problem else {})}
     (folder / "eval.json").write_text(json.dumps({"how": runner.eval_key(stage), "results": results}))
     (runner.out / "metrics.jsonl").write_text("")
 
@@ -119,6 +121,15 @@ def test_the_tables_show_the_paper_numbers_beside_ours(tmp_path, monkeypatch):
     assert cells(rewards, "hard: accuracy SE") == {"accuracy": "1.0%", "parallel": "0.5%", "alternating": "0.8%"}
     assert rewards.title.endswith("standard error of an accuracy cell <= 1.1 points")  # easy's 1.1 is the largest
     assert stage1.title.endswith("<= 2.0 points")  # seen's hard 0.20 / 10
+    # with per-problem accuracies the difference gets the standard error of the paired differences
+    fake_results(arms["seen"][1], arms["seen"][1].stages[-1], easy=0.5, hard=0.25,
+                 per_problem={"a": 0.5, "b": 0.5, "c": 0.0, "d": 0.0})
+    fake_results(arms["seen-no-rl-easy"][1], arms["seen-no-rl-easy"][1].stages[-1], easy=0.5, hard=0.0,
+                 per_problem={"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0})
+    _, stage1, _ = ablations.tables(arms)
+    # differences 0.5, 0.5, 0, 0: mean 0.25, sample sd 0.2887, over sqrt(4)
+    assert cells(stage1, "hard: with - without rl-easy")["Seen"] == "+25.0 ± 14.4 pts"
+    assert cells(stage1, "easy: with - without rl-easy")["Seen"] == "+0.0 pts"  # no per-problem accuracies
 
 
 @pytest.mark.parametrize(
