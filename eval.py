@@ -51,7 +51,8 @@ from nanopar.checkpoint import schema_for
 from nanopar.config import parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.defaults import TOY_SAMPLING, apply_model_defaults
-from nanopar.evaluation import decode_rate, evaluate, forked, rescore, reward_report, speedup, summarize
+from nanopar.evaluation import (decode_rate, evaluate, forked, paired_difference, rescore, reward_report, speedup,
+                                summarize)
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
 from nanopar.prompts import instructions_named
@@ -258,7 +259,9 @@ def read_summary(path: str) -> dict:
 
 
 def compare(paths: tuple[str, ...], console: Console) -> dict:
-    """Two summaries side by side: every metric of every benchmark, A, B and B - A."""
+    """Two summaries side by side: every metric of every benchmark, A, B and B - A; the accuracy's
+    difference ± its standard error over the problems both evaluated, pair by pair, when both
+    summaries kept per-problem accuracies (`evaluation.paired_difference`)."""
     if len(paths) != 2:
         raise NanoparError(f"--compare takes two summary.json files, got {len(paths)}")
     a, b = read_summary(paths[0]), read_summary(paths[1])
@@ -278,6 +281,10 @@ def compare(paths: tuple[str, ...], console: Console) -> dict:
             difference = vb - va if both else None
             rows[(name, row.key)] = {"a": va, "b": vb, "difference": difference}
             shown = "-" if difference is None else ("+" if difference > 0 else "") + metric_cell(difference, row.kind)
+            paired = paired_difference(ma, mb) if row.key == "accuracy" else None  # same problems, both kept
+            if paired is not None:
+                rows[(name, row.key)]["difference_se"] = paired[1]
+                shown += f" ± {metric_cell(paired[1], row.kind)}"
             table.add_row(escape(name), row.name, metric_cell(va, row.kind), metric_cell(vb, row.kind), shown)
         table.add_section()
     console.print(table)

@@ -238,6 +238,16 @@ def test_compare_prints_both_runs_and_their_differences(tmp_path, capsys):
     assert ("gsm8k", "speedup") not in rows  # absent on both sides
     shown = capsys.readouterr().out
     assert "A: base" in shown and "B: trained" in shown and "+12.5%" in shown and "+25.0%" in shown
+    assert "±" not in shown  # no per-problem accuracies: no error of the difference to give
+    # with them, the accuracy's difference carries the standard error of the per-problem
+    # differences: 0.5, 0, 0, 0 -> sample sd 0.25, over sqrt(4)
+    a = write_summary(tmp_path / "a.json", "base", {"gsm8k": {"accuracy": 0.25, "per_problem": {
+        "g/1": 0.5, "g/2": 0.5, "g/3": 0.0, "g/4": 0.0}}})
+    b = write_summary(tmp_path / "b.json", "trained", {"gsm8k": {"accuracy": 0.375, "per_problem": {
+        "g/1": 1.0, "g/2": 0.5, "g/3": 0.0, "g/4": 0.0}}})
+    rows = eval_script.main(["--compare", a, b])
+    assert rows[("gsm8k", "accuracy")]["difference_se"] == pytest.approx(0.125)
+    assert "+12.5% ± 12.5%" in capsys.readouterr().out
 
 
 def test_every_config_field_has_a_comment():
