@@ -202,7 +202,8 @@ class Runner:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"how": how, "results": results}, indent=1) + "\n")
         self.log.write({"stage": stage.name, "event": "eval", "seconds": time.perf_counter() - started,
-                        "results": results})
+                        "results": {spec: {key: value for key, value in result.items() if key != "per_problem"}
+                                    for spec, result in results.items()}})  # eval.json keeps the per-problem ones
         return results
 
     def change_over_start(self, stage: Stage) -> dict[str, tuple[float, float]]:

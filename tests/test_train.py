@@ -260,9 +260,10 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     for stage, folder in zip(stages, sorted(tmp_path.glob("[0-9]-*"))):
         results = json.loads((folder / "eval.json").read_text())["results"]
         assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
-        assert all(r["problems"] == 2 and r["samples"] == 2 for r in results.values())
-    table = train.summary(runner, stages)
-    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * len(STAGE_ROWS)
+        assert all(r["problems"] == 2 and r["samples"] == 2 and len(r["per_problem"]) == 2 for r in results.values())
+    assert not any("per_problem" in result for r in log if r.get("event") == "eval" for result in r["results"].values())
+    table = train.summary(runner, stages)  # STAGE_ROWS and "vs its start" per set
+    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * (len(STAGE_ROWS) + 1)
     rows = list(table.columns[0].cells)
     hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"
