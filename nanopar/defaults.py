@@ -38,7 +38,8 @@ REAL_TRAINING = {  # TrainConfig fields of a real model's run
     "sft_lr": 1e-4,  # LoRA SFT
     "lr": 1e-5,  # LoRA RL
     "micro_batch": 4,  # rows per forward/backward at 1,024-token responses
-    "eval_samples": 1,  # one response per held-out problem (100 of GSM8K test, 100 of DAPO's tail)
+    "eval_samples": 1,  # one response per held-out problem
+    "eval_problems": 150,  # 150 of GSM8K test, DAPO's last 150 (kept out of training): 300 real responses a stage
 }
 
 

@@ -27,6 +27,7 @@ def test_a_real_model_gets_a_real_run(tmp_path):
 
 def test_toy_and_tiny_models_keep_the_toy_defaults(tmp_path):
     assert resolved([]).easy_data == "toy:easy" and resolved(["--model", "tiny:qwen3"]).max_new_tokens == TOY_SAMPLING["max_new_tokens"] == 224
+    assert resolved([]).eval_problems == 300 and REAL_TRAINING["eval_problems"] == 150  # the toy's are cheap
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "toy:model"}')
     assert built_from_code(str(tmp_path))  # a checkpoint of the toy model is the toy's
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "Qwen/Qwen3-0.6B"}')
