@@ -7,7 +7,7 @@
     python train.py --model path/to/model --stages rl-easy --skip sft  # GRPO alone, on your model
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
     python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
-    python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (~25 min)
+    python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (~26 min)
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT

@@ -27,8 +27,9 @@ moment, the same command continues where it stopped. Every arm is checked (`Runn
 before any model loads.
 
 Time on the toy (nothing shortened: the default sizes): 14 stages are trained, 1 pretrain, 3 sft,
-3 rl-easy and 7 rl-hard, and each stage's model evaluated on 150 x 8 held-out samples per set:
-measured 25 minutes on 2 cores with other runs beside it (load ~4; README).
+3 rl-easy and 7 rl-hard, and each stage's model evaluated on 300 x 8 held-out samples per set:
+measured 21 minutes on 2 cores with another run beside it (load ~4) at 150 x 8, and the
+re-evaluation of every stage at 300 x 8 took 9 (README): ~26 minutes together.
 
 Where it departs from the papers:
 - The alternating schedule is Parallel-R1's 8-of-10 (accuracy for 8 steps, accuracy-and-parallel
