@@ -63,7 +63,7 @@ class TrainConfig(SamplerSettings):
     skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
     seed: int = 0  # seeds LoRA init, problem order and every sampling step
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
-    preset: str = ""  # "long": the ~40-minute toy run (train.py's PRESETS); flags given explicitly still win
+    preset: str = ""  # "long": the ~35-minute toy run (train.py's PRESETS); flags given explicitly still win
     ablations: bool = False  # run Parallel-R1's ablations instead, 7 runs under <out>/ablations/ from one pretrained base (nanopar/ablations.py): rl-hard reward accuracy / parallel / alternating; with and without rl-easy, Seen and Unseen; shared vs disjoint path positions. toy: ~26 min on 2 cores, default sizes (nothing shortened)
     # the model
     model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
