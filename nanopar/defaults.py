@@ -25,7 +25,7 @@ from .model import is_built
 
 TOY_SAMPLING = {"paths": 3, "max_new_tokens": 224, "max_path_tokens": 48}  # the defaults of the three scripts
 # (their dataclasses read them here): the toy teacher writes 3 paths of <= 48 tokens and traces of
-# <= 158 tokens (NPR rounds <= 189); 224 leaves a cold-started model room to finish what it starts
+# <= 159 tokens (NPR rounds <= 188); 224 leaves a cold-started model room to finish what it starts
 REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1: K = 2
 
 REAL_TRAINING = {  # TrainConfig fields of a real model's run

@@ -18,7 +18,8 @@ below for all of them, with lengths.
 The general modules reach this file only through two registry entries: `SOURCE`
 (data.SOURCES["toy"]: problems "toy:easy", traces "toy:parallel", the model "toy:model") and
 `grade_countdown` (grading.CHECKERS["countdown"]). Left out: division in routes and answers (they
-stay in the integers; only a verification path's backward check divides, exactly), unary minus, larger numbers (1..15 and <= 150: ~3x more facts for the model to learn).
+stay in the integers; only a verification path's backward check divides, exactly), unary minus,
+larger numbers (1..15 and <= 150: ~3x more facts for the model to learn).
 """
 
 from __future__ import annotations
@@ -535,17 +536,9 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
     _check_parallel_problem(problem)
     if schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has plans: write its traces with npr_trace")
-    kind = _draw_kind(rng, kind)
-    target = problem.extra["target"]
-    if kind == "exploration":
-        rounds = _exploration_rounds(problem, rng, lambda i, left: paths, lambda route: route.steps)
-        blocks = [_block(schema, None, [attempt_text(r, target) for r in routes_], _summary(routes_, target))
-                  for routes_ in rounds]
-        return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
-    tried, right = _sequential_attempts(problem, rng), _right_route(problem)
-    checks = [CHECKS[name](right, problem) for name in _pick_checks(rng, paths)]
-    lines = [attempt_text(r, target) for r in tried] + [_block(schema, None, checks, right.expression)]
-    return "\n".join(lines) + f"\n{FINAL} {right.expression}"
+    if _draw_kind(rng, kind) == "exploration":
+        return _exploration_trace(problem, rng, schema, lambda i, left: paths, lambda route: route.steps)
+    return _verification_trace(problem, rng, schema, lambda: paths)
 
 
 def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS, schema: TagSchema = NPR,
@@ -568,18 +561,32 @@ def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
         raise ValueError(f"the tag schema {schema.name!r} has no plans: write its traces with parallel_trace")
     if not 2 <= paths <= MAX_PATHS:
         raise ValueError(f"an NPR round of the teacher has 2..{MAX_PATHS} plans, not at most {paths}")
-    kind = _draw_kind(rng, kind)
+    if _draw_kind(rng, kind) == "exploration":
+        return _exploration_trace(problem, rng, schema, lambda i, left: rng.randint(2, paths) if i == 0 else
+                                  max(2, min(left, paths)), first_move)
+    return _verification_trace(problem, rng, schema, lambda: rng.randint(2, min(paths, len(CHECKS))))
+
+
+def _exploration_trace(problem: Problem, rng: random.Random, schema: TagSchema, size, distinct) -> str:
+    """Blocks of attempts (`_exploration_rounds`: round sizes by `size`, no two alike by
+    `distinct`), each summed up by `_summary`, then the answer; a schema with plans names each
+    route by its first move."""
     target = problem.extra["target"]
-    if kind == "exploration":
-        rounds = _exploration_rounds(problem, rng, lambda i, left: rng.randint(2, paths) if i == 0 else
-                                     max(2, min(left, paths)), first_move)
-        blocks = [_block(schema, [first_move(r) for r in routes_], [attempt_text(r, target) for r in routes_],
-                         _summary(routes_, target)) for routes_ in rounds]
-        return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
+    blocks = [_block(schema, [first_move(r) for r in routes_] if schema.planned else None,
+                     [attempt_text(r, target) for r in routes_], _summary(routes_, target))
+              for routes_ in _exploration_rounds(problem, rng, size, distinct)]
+    return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
+
+
+def _verification_trace(problem: Problem, rng: random.Random, schema: TagSchema, count) -> str:
+    """The sequential teacher's attempts, then one block of `count()` CHECKS of the answer (drawn
+    after the attempts), summed up by its expression, then the answer; a schema with plans names
+    each check."""
     tried, right = _sequential_attempts(problem, rng), _right_route(problem)
-    names = _pick_checks(rng, rng.randint(2, min(paths, len(CHECKS))))
-    block = _block(schema, names, [CHECKS[name](right, problem) for name in names], right.expression)
-    lines = [attempt_text(r, target) for r in tried] + [block]
+    names = _pick_checks(rng, count())
+    block = _block(schema, names if schema.planned else None, [CHECKS[name](right, problem) for name in names],
+                   right.expression)
+    lines = [attempt_text(r, problem.extra["target"]) for r in tried] + [block]
     return "\n".join(lines) + f"\n{FINAL} {right.expression}"
 
 
