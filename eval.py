@@ -47,7 +47,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from nanopar import NanoparError
-from nanopar.checkpoint import schema_for
+from nanopar.checkpoint import checkpoint_schema
 from nanopar.config import parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.defaults import TOY_SAMPLING, apply_model_defaults
@@ -117,10 +117,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run(config: EvalConfig, console: Console) -> dict:
-    settings = SamplerSettings.taken_from(config)
+    settings = SamplerSettings.from_flags(config)
     settings.check()  # everything that can be wrong fails before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    schema = schema_for(config.schema, config.model)
+    schema = checkpoint_schema(config.schema, config.model)
     instructions_named(config.instructions)  # a known name, checked before the model loads
     if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0 or config.speedup_repeats < 1:
         raise NanoparError("--samples, --batch-size and --speedup-repeats must be >= 1, --speedup-batches >= 0")
@@ -134,7 +134,7 @@ def run(config: EvalConfig, console: Console) -> dict:
                            "or give --model (hub id, folder, checkpoint, or toy:model for a random toy model)")
     model, tokenizer = load_model(ModelSettings(config.model, dtype=config.dtype, device=config.device,
                                                 load_in_4bit=config.load_in_4bit), schema)
-    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride, schema)
+    policy = Policy.for_tokenizer(tokenizer, config.mode, config.temperature, config.path_stride, schema)
     out = Path(config.out)
     save_config(config, out)
     summary = {"model": config.model, "schema": schema.name, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from nanopar import NanoparError
-from nanopar.checkpoint import schema_for
+from nanopar.checkpoint import checkpoint_schema
 from nanopar.config import parse_config
 from nanopar.data import load_problems
 from nanopar.defaults import TOY_SAMPLING, apply_model_defaults
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     apply_model_defaults(config, argv)  # a real model's budgets and K, as eval.py and train.py
     if not config.model:
         raise NanoparError("--model is required (hub id, local folder or nanopar checkpoint)")
-    settings = SamplerSettings.taken_from(config)
+    settings = SamplerSettings.from_flags(config)
     settings.check()  # before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    schema = schema_for(config.schema, config.model)
+    schema = checkpoint_schema(config.schema, config.model)
     instructions = instructions_named(config.instructions, config.prompts_file, schema)  # a source may word them (toy:)
     from_file = [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
     if config.prompts_file and not from_file:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model, tokenizer = load_model(
         ModelSettings(config.model, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit), schema
     )
-    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride, schema)
+    policy = Policy.for_tokenizer(tokenizer, config.mode, config.temperature, config.path_stride, schema)
     ids = [build_prompt(p, tokenizer, instructions=instructions, system=config.system or None,
                         chat=config.chat) for p in prompts]
     rollouts = sample(model, ids, policy, settings, stop_ids(model, tokenizer), config.samples)

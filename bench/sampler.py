@@ -267,7 +267,7 @@ def toy_rows(table, folder: str):
     """eval.py's speedup on its first sampler call, raced: forking vs the tags read as text."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for eval.py
     import eval as eval_script
-    from nanopar.checkpoint import schema_for
+    from nanopar.checkpoint import checkpoint_schema
     from nanopar.data import load_problems
     from nanopar.model import ModelSettings, load_model
     from nanopar.prompts import build_prompt, instructions_named, stop_ids
@@ -276,11 +276,11 @@ def toy_rows(table, folder: str):
         Console().print(f"toy speedup skipped: no model at {folder} (run `python train.py`)")
         return
     config = eval_script.EvalConfig(model=folder)  # eval.py's defaults: its sampling settings and batch
-    schema = schema_for(config.schema, folder)
+    schema = checkpoint_schema(config.schema, folder)
     model, tokenizer = load_model(ModelSettings(folder), schema)
-    policy = Policy.of(tokenizer, config.mode, config.temperature, config.path_stride, schema)
+    policy = Policy.for_tokenizer(tokenizer, config.mode, config.temperature, config.path_stride, schema)
     plain = dataclasses.replace(policy, tag_ids=None)
-    settings, eos = SamplerSettings.taken_from(config), stop_ids(model, tokenizer)
+    settings, eos = SamplerSettings.from_flags(config), stop_ids(model, tokenizer)
     for name in config.benchmarks.split(","):
         problems = load_problems(name)[: config.batch_size]
         instructions = instructions_named(config.instructions, name, schema)

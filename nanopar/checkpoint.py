@@ -52,7 +52,7 @@ def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, schedu
     return folder
 
 
-def schema_for(flag: str, model: str) -> TagSchema:
+def checkpoint_schema(flag: str, model: str) -> TagSchema:
     """The tag schema a script uses: its --schema, or the one a nanopar checkpoint was trained
     with (the schema field of its run_config.json), or Parallel-R1's."""
     config = Path(model) / "run_config.json"

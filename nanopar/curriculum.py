@@ -183,14 +183,14 @@ def recipe(config: TrainConfig) -> list[Stage]:
     return skip(stages, c.skip)
 
 
-def schema_of(config: TrainConfig) -> TagSchema:
+def run_schema(config: TrainConfig) -> TagSchema:
     """The tag schema of a run: --schema, or the recipe's own (npr -> NPR's, parallel-r1 -> Parallel-R1's)."""
     if config.recipe not in RECIPES:
         raise NanoparError(f"unknown recipe {config.recipe!r}: use one of {', '.join(RECIPES)}")
     return schema_named(config.schema or RECIPE_SCHEMAS[config.recipe])
 
 
-def source_of(stages: list[Stage], stage: Stage) -> Stage | None:
+def starting_stage(stages: list[Stage], stage: Stage) -> Stage | None:
     """The stage whose final/ `stage` starts from (None: the configured --model)."""
     if stage.start is None:
         before = [s for s in stages[: stages.index(stage)] if s.kind != "distill"]
@@ -209,11 +209,11 @@ def skip(stages: list[Stage], names: str) -> list[Stage]:
         raise NanoparError(f"--skip {names}: stage {readers[0]} reads its traces; give them with --sft-data")
     kept = []
     for stage in stages:
-        source = source_of(stages, stage)
+        source = starting_stage(stages, stage)
         while source is not None and source.name in skipped:
-            source = source_of(stages, source)
+            source = starting_stage(stages, source)
         if stage.name not in skipped:
-            kept.append(stage if source is source_of(stages, stage) else replace(stage, start=source.name if source else ""))
+            kept.append(stage if source is starting_stage(stages, stage) else replace(stage, start=source.name if source else ""))
     return kept
 
 

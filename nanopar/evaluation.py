@@ -1,6 +1,6 @@
 """Evaluation: sample a benchmark, grade every response, and the papers' metrics over the records.
 
-    records = evaluate(model, tokenizer, load_problems("aime24"), Policy.of(tokenizer), SamplerSettings(...), 16)
+    records = evaluate(model, tokenizer, load_problems("aime24"), Policy.for_tokenizer(tokenizer), SamplerSettings(...), 16)
     summarize(records)["accuracy"]                      # Mean@16 (Parallel-R1), avg@8 (NPR) ...
     summarize(records, k=4)["pass_at_k"]                # unbiased pass@4 from 16 samples a problem
 
@@ -46,7 +46,7 @@ def evaluate(
     model,
     tokenizer,
     problems: list[Problem],
-    policy: Policy,  # tags, mode, temperature, vocabulary (Policy.of(tokenizer, ...))
+    policy: Policy,  # tags, mode, temperature, vocabulary (Policy.for_tokenizer(tokenizer, ...))
     settings: SamplerSettings,  # budgets and draw knobs
     samples: int = 1,  # k: responses per problem
     instructions: str = "",  # put before each question (prompts.INSTRUCTIONS)

@@ -45,7 +45,7 @@ class Policy:
             raise NanoparError(f"path_stride must be >= 0, not {self.path_stride}")
 
     @classmethod
-    def of(cls, tokenizer, mode: str = "structured", temperature: float = 1.0, path_stride: int = 0,
+    def for_tokenizer(cls, tokenizer, mode: str = "structured", temperature: float = 1.0, path_stride: int = 0,
            schema: TagSchema = PARALLEL_R1) -> "Policy":
         """The policy of a model with this tokenizer, in `schema`'s tags (each must be a single token)."""
         return cls(TagIds.from_tokenizer(tokenizer, schema), mode, temperature, len(tokenizer), path_stride)

@@ -31,7 +31,7 @@ from rich.console import Console
 from . import NanoparError
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
 from .config import save_config
-from .curriculum import Stage, TrainConfig, recipe, schema_of, select, source_of
+from .curriculum import Stage, TrainConfig, recipe, run_schema, select, starting_stage
 from .data import SLICE, Problem, load_problems, load_traces, test_set_of, write_jsonl
 from .evaluation import evaluate, paired_difference, summarize
 from .grpo import GRPOSettings, Reference, grpo_step
@@ -59,7 +59,7 @@ class Runner:
         self.console = console or Console()
         self._problems: dict[str, list[Problem]] = {}  # loaded training sets, by spec
         self._auto_eval: list[str] | None = None  # what --eval-data auto stands for, once worked out
-        self.schema = schema_of(config)  # the tags every stage writes and reads
+        self.schema = run_schema(config)  # the tags every stage writes and reads
 
     # --- the loop -------------------------------------------------------------------------------
     def train(self, stage: Stage) -> None:
@@ -100,7 +100,7 @@ class Runner:
                     else:
                         batch = self.batch_of_step(problems, config.prompts_per_step, stage, step)
                         prompts = [self.prompt(problem, tokenizer, stage) for problem in batch]
-                        sampling = SamplerSettings.taken_from(config, seed=self.sampling_seed(stage, step))
+                        sampling = SamplerSettings.from_flags(config, seed=self.sampling_seed(stage, step))
                         rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
                                                       settings, schedule.spec(step), reference, scheduler)
                         if config.sample_every and (step + 1) % config.sample_every == 0:
@@ -153,7 +153,7 @@ class Runner:
             for start in range(0, len(problems), chunk):
                 batch = problems[start : start + chunk]
                 prompts = [self.prompt(p, tokenizer, stage) for p in batch]
-                sampling = SamplerSettings.taken_from(self.config, seed=self.config.seed + start)
+                sampling = SamplerSettings.from_flags(self.config, seed=self.config.seed + start)
                 rollouts = sample(model, prompts, policy, sampling, eos, stage.tries)
                 for k, problem in enumerate(batch):
                     for rollout in rollouts[k * stage.tries : (k + 1) * stage.tries]:
@@ -189,7 +189,7 @@ class Runner:
         if saved.get("how") == how:
             return saved["results"]
         model, tokenizer, policy = self.load(str(self.folder(stage) / "final"), stage.mode)
-        sampling, per_call = SamplerSettings.taken_from(config), self.eval_batch()
+        sampling, per_call = SamplerSettings.from_flags(config), self.eval_batch()
         results, started = {}, time.perf_counter()
         with progress(self.console) as bar:
             for spec in self.eval_sets():
@@ -210,7 +210,7 @@ class Runner:
         """{data spec: (accuracy - that of the stage it started from, standard error)}: held-out
         results compared problem by problem (`evaluation.paired_difference`). {} for a stage that
         starts from the configured --model (it has no evaluation here) or from one not finished."""
-        source = source_of(self.stages, stage)
+        source = starting_stage(self.stages, stage)
         if source is None or source.kind == "distill" or not (self.folder(source) / "final").exists():
             return {}
         before, after = self.evaluate(source) or {}, self.evaluate(stage) or {}
@@ -228,7 +228,7 @@ class Runner:
                 "problems": config.eval_problems, "samples": config.eval_samples, "batch": self.eval_batch(),
                 "instructions": [instructions_named(stage.instructions, spec, self.schema) for spec in self.eval_sets()],
                 "schema": self.schema.name,
-                "chat": config.chat, **dataclasses.asdict(SamplerSettings.taken_from(config)), **policy,
+                "chat": config.chat, **dataclasses.asdict(SamplerSettings.from_flags(config)), **policy,
                 "mode": stage.mode}
 
     def eval_batch(self) -> int:
@@ -248,7 +248,7 @@ class Runner:
     def input_model(self, stage: Stage) -> str:
         """The `final/` of the stage `stage.start` names (by default the last training stage before
         it), or the configured model."""
-        source = source_of(self.stages, stage)
+        source = starting_stage(self.stages, stage)
         if source is None:
             return self.config.model
         final = self.folder(source) / "final"
@@ -266,7 +266,7 @@ class Runner:
             name, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit,
             gradient_checkpointing=config.gradient_checkpointing, lora=config.lora, lora_rank=config.lora_rank,
             lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout), self.schema)
-        return model, tokenizer, Policy.of(tokenizer, mode, config.temperature, config.path_stride, self.schema)
+        return model, tokenizer, Policy.for_tokenizer(tokenizer, mode, config.temperature, config.path_stride, self.schema)
 
     def problems(self, spec: str) -> list[Problem]:
         """A training set (--limit: its first N), less any tail of it an evaluation set holds out:
@@ -369,7 +369,7 @@ class Runner:
         """Fail on a bad setting, reward, data set or traces file before any model loads (not an
         hour in): the sampler's settings and every stage's prompt, mode and reward for the whole
         recipe (a misspelt reward of a later stage too), the data of the stages that will run."""
-        SamplerSettings.taken_from(self.config).check()
+        SamplerSettings.from_flags(self.config).check()
         self.eval_batch()
         for stage in self.stages:
             instructions_named(stage.instructions)

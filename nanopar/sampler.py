@@ -55,7 +55,7 @@ class SamplerSettings:
             raise NanoparError(f"top_p must be in (0, 1] and top_k >= 0, got {self.top_p} and {self.top_k}")
 
     @classmethod
-    def taken_from(cls, config, **changes) -> "SamplerSettings":
+    def from_flags(cls, config, **changes) -> "SamplerSettings":
         """The sampler's fields of a script's config that extends this class (train.py, eval.py, ...)."""
         return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__} | changes)
 

@@ -159,7 +159,7 @@ def test_summarize_refuses_a_k_some_problem_lacks():
 NO_TAGS = TagIds(-1, -2, -3, -4, -5, -6)  # sequential decoding: no id is a tag
 
 
-POLICY = Policy.of(toy_tokenizer())  # the toy tokenizer's tags and vocabulary
+POLICY = Policy.for_tokenizer(toy_tokenizer())  # the toy tokenizer's tags and vocabulary
 
 
 class Scripted:
@@ -443,7 +443,7 @@ def test_real_tiny_model_records_agree_with_the_sampler():
     model, tokenizer = load_model(ModelSettings("tiny:qwen3"))
     problems = load_problems("aime24", limit=2)
     settings = SamplerSettings(max_new_tokens=40, max_path_tokens=12, seed=3)
-    records = evaluate(model, tokenizer, problems, Policy.of(tokenizer), settings, samples=3, batch_size=1)
+    records = evaluate(model, tokenizer, problems, Policy.for_tokenizer(tokenizer), settings, samples=3, batch_size=1)
     assert len(records) == 6 and {r["batch"] for r in records} == {0, 1}
     assert sum(r["blocks"] for r in records) > 0  # a random model draws <Parallel> now and then: forks happen
     for r in records:

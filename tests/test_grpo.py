@@ -210,7 +210,7 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     from nanopar.toy import toy_problems
 
     model, tokenizer = load_model(ModelSettings("toy:model"))
-    policy = Policy.of(tokenizer)
+    policy = Policy.for_tokenizer(tokenizer)
     twin = copy.deepcopy(model)
     problems = toy_problems("toy:easy")[:3]
     prompts = [build_prompt(p, tokenizer, "") for p in problems]
@@ -374,7 +374,7 @@ def test_a_step_with_nothing_to_learn_is_skipped(monkeypatch):
     from nanopar.toy import toy_problems
 
     model, tokenizer = load_model(ModelSettings("toy:model"))
-    policy, before = Policy.of(tokenizer), copy.deepcopy(model)
+    policy, before = Policy.for_tokenizer(tokenizer), copy.deepcopy(model)
     problems = toy_problems("toy:easy")[:2]
     prompts = [build_prompt(p, tokenizer, "") for p in problems]
     eos = stop_ids(model, tokenizer)

@@ -173,7 +173,7 @@ def test_a_lora_head_with_trainable_tag_rows_gets_its_gradients(tied, tmp_path):
         for name, p in model.named_parameters():
             if p.requires_grad:
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
-    policy = Policy.of(tokenizer, "structured")
+    policy = Policy.for_tokenizer(tokenizer, "structured")
     text = ["ab<Parallel><Path>cd</Path><Path>e</Path></Parallel><Summary>f</Summary>g", "xyz"]
     ids = [tokenizer.encode(t, add_special_tokens=False) for t in text]
     batch = make_batch([i[:2] for i in ids], [i[2:] for i in ids], [[1.0] * len(i[2:]) for i in ids], PAD)

@@ -229,7 +229,7 @@ def test_4bit_lora_chunked_read_gives_the_full_reads_gradients(qwen_folders):
     perturb_trainable(model)
     ids = tokenizer.encode(TEXT)
     batch = make_batch([ids[:4]], [ids[4:]], [[1.0] * len(ids[4:])], pad_id=0)
-    policy = Policy.of(tokenizer, "structured", temperature=0.8)
+    policy = Policy.for_tokenizer(tokenizer, "structured", temperature=0.8)
     grads = {}
     for name, read in (("chunked", lambda *a: trace_logprobs(*a, chunk=5)), ("full", full_trace_logprobs)):
         model.train().zero_grad(set_to_none=True)

@@ -98,7 +98,7 @@ def sample_forked(model, tokenizer, mode: str, samples: int = 2):
     """Sample the two questions at T = 1 with <Parallel> forced after 3 response tokens of the
     longest prompt (`fork_offset`). -> (rollouts, policy, the hook's handle)"""
     prompts = prompts_of(tokenizer)
-    policy = Policy.of(tokenizer, mode)
+    policy = Policy.for_tokenizer(tokenizer, mode)
     handle = fork_at(model, policy.tag_ids, max(map(len, prompts)) + 2, open_path=mode == "causal")
     started = clock()
     rollouts = sample(model, prompts, policy, SAMPLING, stop_ids(model, tokenizer), samples_per_prompt=samples)
@@ -390,7 +390,7 @@ def test_greedy_answers_to_ten_gsm8k_problems_are_found_by_the_strict_reading(sm
     prompts = [build_prompt(p, tokenizer, instructions_named("answer")) for p in problems]
     eos = stop_ids(model, tokenizer)
     started = clock()
-    rollouts = sample(model, prompts, Policy.of(tokenizer, temperature=0), SamplerSettings(max_new_tokens=256), eos)
+    rollouts = sample(model, prompts, Policy.for_tokenizer(tokenizer, temperature=0), SamplerSettings(max_new_tokens=256), eos)
     timed("10 GSM8K problems, greedy", started, sum(r.stats.new_tokens for r in rollouts))
     assert all(r.stats.sampled_tokens > 0 and not r.trace.blocks for r in rollouts)  # plain text, no tags
     answers = [extract_answer(response_text(r, tokenizer, eos)) for r in rollouts]

@@ -103,9 +103,9 @@ def test_npr_schema_samples_in_npr_tags(tmp_path):
 
 def test_a_checkpoint_names_its_schema(tmp_path):
     """eval.py and sample.py read the schema a checkpoint was trained with; a flag still wins."""
-    from nanopar.checkpoint import schema_for
+    from nanopar.checkpoint import checkpoint_schema
     from nanopar.tags import NPR, PARALLEL_R1
 
     (tmp_path / "run_config.json").write_text('{"schema": "npr"}')
-    assert schema_for("", str(tmp_path)) is NPR and schema_for("parallel-r1", str(tmp_path)) is PARALLEL_R1
-    assert schema_for("", "tiny:qwen3") is PARALLEL_R1
+    assert checkpoint_schema("", str(tmp_path)) is NPR and checkpoint_schema("parallel-r1", str(tmp_path)) is PARALLEL_R1
+    assert checkpoint_schema("", "tiny:qwen3") is PARALLEL_R1
