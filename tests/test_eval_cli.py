@@ -14,7 +14,8 @@ from nanopar.config import field_comments
 from nanopar.data import read_jsonl
 from nanopar.evaluation import decode_rate, forked, summarize
 from nanopar.format import check_format
-from test_evaluation import FLEXIBLE_SCRIPT, PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
+from scripted import FLEXIBLE_SCRIPT, PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
+
 SUMMARY_KEYS = ("problems", "samples", "k", "accuracy", "accuracy_flexible", "answers_found", "answers_found_flexible",
                 "pass_at_k", "parallel_ratio", "relative_position", "blocks_per_response", "paths_per_block",
                 "branches_per_block", "format_valid", "parse_failures", "parse_failures_flexible", "acceleration",
