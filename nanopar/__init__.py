@@ -1,15 +1,22 @@
 """nanopar: teach small Qwen models to think in parallel with reinforcement learning.
 
-Reading order (the README's "Read the code in this order" says more):
-  runner.py   `Runner.train`: the loop in one screen (resume, step, log, checkpoint)
-  grpo.py     `grpo_step`: sample -> reward -> group advantages -> drop invalid -> update
-  tags.py     the tag vocabulary (<Parallel> <Path> <Summary> and their closers)
-  format.py   Algorithm 1 of Parallel-R1: the strict stack format check
-  trace.py    the lenient reading of a trace into main chain / blocks / paths / summaries
-  layout.py   the structured ("Unseen") mask and multiverse positions, or causal ("Seen")
-  policy.py   `Policy`: the one distribution the sampler draws from and the trainer reads
-  sampler.py  the parallel-branch sampler: fork at <Parallel>, merge after the paths
-  forward.py, sft.py, rewards.py, grading.py, data.py, prompts.py, model.py, curriculum.py
+Reading order, from the trace to the run (the README's file tree says one line per file):
+  tags.py      the tag schemas (<Parallel> <Path> <Summary>; NPR's <guideline> <plan> <step> <takeaway>)
+  format.py    the judges: Algorithm 1 of Parallel-R1, NPR's rules, what "a valid parallel trace" means
+  trace.py     the lenient reading of a trace into main chain / blocks / paths / summaries, and its stats
+  layout.py    the structured ("Unseen") mask and multiverse positions, or causal ("Seen")
+  policy.py    `Policy`: the one distribution the sampler draws from and the trainer reads
+  kvcache.py   the sampler's cache of lanes: fork a row, merge the rows of a block
+  sampler.py   the parallel-branch sampler: fork at <Parallel>, merge after the paths
+  forward.py   the training read of a trace's log-probs (head.py: the chunked LM-head read beside it)
+  grpo.py      `grpo_step`: sample -> reward -> group advantages -> drop invalid -> update
+  sft.py       cold-start / self-distillation fine-tuning on traces
+  rewards.py, grading.py, data.py, prompts.py, model.py   what a step scores, reads and loads
+  curriculum.py  the stage recipes (distill.py: a stage that samples and keeps the traces worth training on)
+  runner.py    the stage loop (run_inputs.py: what a run reads; heldout.py: held-out evaluation)
+  evaluation.py, show.py   sampling + grading + summaries; trees and tables
+  toy/         the toy world: a task, a programmatic teacher, a tokenizer and model small enough for a CPU
+Not here: the scripts (train.py, eval.py, sample.py) and the benchmarks (bench/).
 """
 
 __version__ = "0.1.0"

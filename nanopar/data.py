@@ -8,15 +8,14 @@
     load_traces("toy:parallel") / load_traces("traces.jsonl")   # question/answer/response records
 
 Sources are the plug-in point for synthetic worlds: `SOURCES` maps a spec prefix to a `Source`
-(problems, teacher traces, optionally a model for `model.load_model`, e.g. "toy:model"), or to
-"module:attribute" imported on first use, so nothing general imports the toy. Yours:
-`register_source("maze", Source(problems=...))`, and "maze:small" works wherever a spec does.
-
-Records map by field: question = "question" / "problem" / "prompt", answer = "answer" (or name
-them), id = "id" / "unique_id" or "<name>:<line>", the rest into `Problem.extra`. Bad input is
-never skipped: it is a one-line `NanoparError` that says where. `read_jsonl` / `write_jsonl`
-(atomic) are the plain JSON Lines helpers. Prompts live in `prompts.py`; large training sets
-(DAPO-Math-17k) are not shipped (give a path or a hub name).
+(problems, teacher traces, optionally a model, e.g. "toy:model"), or to a "module:attribute"
+imported on first use, so nothing general imports the toy. `register_source("maze", Source(...))`
+makes "maze:small" work wherever a spec does. Records map by field (question = "question" /
+"problem" / "prompt", answer = "answer", or as named; id = "id" / "unique_id" or "<name>:<line>", the rest into
+`Problem.extra`); bad input is never skipped but a one-line `NanoparError` that says where.
+`read_jsonl` / `write_jsonl` (atomic) are the plain JSON Lines helpers; nanopar/benchmarks/README.md
+lists the shipped sets, their sources and licenses.
+Not here: prompts (prompts.py), grading answers (grading.py).
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ class Source:
     NanoparError naming the valid ones for a spec it does not know."""
 
     problems: Callable[[str], list[Problem]]  # "toy:easy" -> problems
-    traces: Callable[[str, Any], list[dict]] | None = None  # ("toy:parallel", tag schema) -> SFT records (question, answer, response) in that schema's tags
+    traces: Callable[[str, Any], list[dict]] | None = None  # ("toy:parallel", tag schema) -> SFT records in its tags
     model: Callable[[str, Any, str], tuple] | None = None  # (name, dtype, attn_implementation) -> (model, tokenizer)
     model_names: tuple[str, ...] = ()  # the names `model` builds ("toy:model"), listed in errors
     instructions: dict[str, str] | None = None  # its own text for an instruction name ("parallel" -> ...)

@@ -4,20 +4,17 @@
     summarize(records)["accuracy"]                      # Mean@16 (Parallel-R1), avg@8 (NPR) ...
     summarize(records, k=4)["pass_at_k"]                # unbiased pass@4 from 16 samples a problem
 
-A *record* is one (problem, sample) as a JSON-ready dict: the problem (to grade it again), the
-prompt and response text, its grade (`rewards.score("accuracy", ...)`, as training and
-re-scoring grade: the strict reading) and its grade under the flexible reading
-(`grading.grade(..., flexible=True)`: also `#### N` and the last number; None where a checker
-grades, the toy's), its structure (`metrics.response_structure`: token offsets) and the rollout
-less what only training needs (`show.rollout_record` without the sampled mask, log-probs, prompt
-ids and raw text). Everything after `evaluate` reads records only, so a saved samples.jsonl is
-summarised or re-scored without the model: `summarize` (mean@k under both readings, unbiased
-pass@k, answers found by each reading, format-valid rate, answer-parse failures, and
-`metrics.structure_metrics` as a GRPO step reports them), `decode_rate` / `sequential_rate`
-(tokens/s with and without forking), `speedup` (NPR's: the two decoded in turns, best of a few
-rounds; `forked` says whether there is anything to time), `rescore` / `reward_report` (any reward
-spec on saved responses). Not here: the command line, tables and
-files (eval.py), LLM judges, majority voting (maj@k), confidence intervals.
+A *record* is one (problem, sample) as a JSON-ready dict: the problem (to grade it again), prompt
+and response, its grade under the strict reading (as training grades) and the flexible one
+(`#### N`, the last number; None where a checker grades), its structure
+(`metrics.response_structure`) and the rollout less what only training needs. Everything after
+`evaluate` reads records only, so a saved samples.jsonl is summarised or re-scored without the
+model: `summarize` (mean@k under both readings, unbiased pass@k, format-valid rate, parse
+failures, the structure metrics of a GRPO step), `decode_rate` / `sequential_rate` / `speedup`
+(tokens/s with and without forking, NPR's speedup), `rescore` / `reward_report` (any reward spec
+on saved responses).
+Not here: the command line, tables and files (eval.py), LLM judges, majority voting (maj@k),
+confidence intervals.
 """
 
 from __future__ import annotations

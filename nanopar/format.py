@@ -23,6 +23,7 @@ treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So 
 filter and metric that means "a valid parallel trace" asks `check_parallel` instead: Algorithm 1
 on the tags as read AND no stray tag AND not truncated AND at least one valid block. It judges
 a reading (a rollout's token ids), so NPR's text rules are `check_format`'s alone.
+Not here: the reading itself (trace.py), the rewards built on these judges (rewards.py).
 """
 
 from __future__ import annotations

@@ -13,12 +13,11 @@
                          (`grade(..., flexible=True)` grades the flexible reading).
 
 Exact checkers are the plug-in point for synthetic worlds: a problem whose extra["checker"] names
-one in `CHECKERS` ("countdown" -> "nanopar.toy:grade_countdown", imported on first use) is graded
-by it instead: `register_checker("maze", fn)` with `fn(response_text, problem) -> Grade`.
-Every failure is a `Grade` with `correct=False` and a short `error`, counted by callers, never
-hidden. math-verify times out with SIGALRM (main thread only): off it, pass `timeout_s=None`.
-
-Left out: LLM judges, multiple-choice letter matching beyond what math-verify does, unit
+one in `CHECKERS` ("countdown": the toy world's, imported on first use) is graded by it instead;
+`register_checker("maze", fn)` with `fn(response_text, problem) -> Grade` adds one. Every
+failure is a `Grade` with `correct=False` and a short `error`, counted by callers, never hidden.
+math-verify times out with SIGALRM (main thread only): off it, pass `timeout_s=None`.
+Not here: LLM judges, multiple-choice letter matching beyond what math-verify does, unit
 conversion ("2 m" = "200 cm" is wrong here), answers written only in words ("three").
 """
 
@@ -51,7 +50,7 @@ class Grade:
 # ----------------------------------------------------------------------------- extraction
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# the one "Final Answer:" pattern (toy.py reads its answers with it too): group 1 is the rest of the
+# the one "Final Answer:" pattern (the toy world reads its answers with it too): group 1 is the rest of the
 # line up to a tag, so "Final Answer: 18</Summary>" (an answer written inside a block) gives "18"
 FINAL_ANSWER_LINE = re.compile(r"final answer\s*:\s*((?:(?!</?[A-Za-z][\w-]*>)[^\n])*)", re.IGNORECASE)
 # GSM8K's convention, "#### 42": the rest of the line up to a tag (flexible reading only)

@@ -17,9 +17,10 @@ never disagree about what a token saw:
 
 Which token belongs to which path comes from the lenient reading in `trace.py` (text between
 paths belongs to the path before it), in the trace's tag schema: NPR's steps are its paths, its
-guideline (the plans) shared text before them, its takeaway what follows the block. The mask is additive float (0 = attend, finfo(dtype).min
-= blocked): transformers passes a 4D mask through untouched, and a bool mask is silently wrong
-under eager attention. Padding may be on either side; pads get position 0 and are never seen.
+guideline (the plans) shared text before them, its takeaway what follows the block. The mask is
+additive float (0 = attend, finfo(dtype).min = blocked): transformers passes a 4D mask through
+untouched, and a bool mask is silently wrong under eager attention. Padding may be on either
+side; pads get position 0 and are never seen.
 Not here: the incremental (cached) masks of the sampler, which only need padding.
 """
 

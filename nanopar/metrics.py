@@ -1,17 +1,15 @@
 """What a training step reports: structure and reward statistics, a JSON Lines log, and its plot.
 
-`response_structure` is one response's structure, read once from its token-id trace: the fields
-an evaluation record stores (valid blocks, paths per block, relative position of each
-`<Parallel>`, length, critical-path length, finish). `structure_metrics` averages them over
-responses into the numbers the papers track: parallel ratio (valid parallel traces, judged as the
-`parallel` reward judges them, by `format.check_parallel`), mean relative position of `<Parallel>`
-(Parallel-R1's drift from ~0.4 to ~0.8), blocks per response, paths per block and the share of
-each branch count (NPR: how many plans the model chose), acceleration
-(tokens / critical-path tokens; over all responses, and over those with a block), length and truncation rate. A GRPO step (`rollout_metrics`,
-from rollouts) and an evaluation (`evaluation.summarize`, from saved records) both call it, so
-the two cannot count differently. `rollout_metrics` adds the reward (total and by component),
-accuracy, answer-parse failures and the fraction of groups whose rewards are all equal (they
-teach GRPO nothing). `MetricsLog` appends a run's lines; `plot_metrics` draws them as a PNG.
+`response_structure` reads one response's structure once from its token ids (valid blocks, paths
+per block, relative position of each `<Parallel>`, length, critical-path length, finish);
+`structure_metrics` averages them into the numbers the papers track: parallel ratio (valid
+parallel traces, `format.check_parallel`), mean relative position of `<Parallel>` (Parallel-R1
+reports it drifting from ~0.4 to ~0.8), blocks per response, paths per block, the share of each
+branch count (NPR: the plans the model chose), acceleration (tokens / critical-path tokens),
+length and truncation rate. A GRPO step (`rollout_metrics`) and an evaluation
+(`evaluation.summarize`) both call it, so the two cannot count differently; `rollout_metrics`
+adds the rewards, accuracy, answer-parse failures and the share of groups whose rewards are all
+equal (they teach GRPO nothing). `MetricsLog` appends a run's lines; `plot_metrics` draws them.
 Not here: the loss-side numbers (grpo.py returns them), the tables (show.py).
 """
 

@@ -1,6 +1,5 @@
 """Load a Qwen model for parallel thinking: hub id or local folder, 4-bit NF4, LoRA, tags as tokens.
 
-What it implements:
   - `ModelSettings`, one flat dataclass of everything that decides how a model is loaded;
   - `load_model`: tokenizer + causal LM from a hub id, a local folder, a nanopar checkpoint
     folder holding a LoRA adapter (its base model is loaded first, then the adapter), a GGUF
@@ -8,9 +7,9 @@ What it implements:
     from code ("tiny:qwen3"; "toy:model" through `data.SOURCES`), the tags added as tokens;
   - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
   - `save_checkpoint_model` and `disable_bnb_cpu_repack`.
-
-What it leaves out: 8-bit loading, multi-GPU device maps, merging adapters into the base,
-adapters stored on the hub (a checkpoint is a local folder), other PEFT methods (DoRA, ...).
+Not here: 8-bit loading, multi-GPU device maps, merging adapters into the base, adapters stored
+on the hub (a checkpoint is a local folder), other PEFT methods (DoRA, ...), the trainer state
+of a checkpoint (checkpoint.py).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ class ModelSettings:
     lora_alpha: int = 32  # scale of the update is lora_alpha / lora_rank
     lora_dropout: float = 0.0  # dropout on the LoRA input (train mode only)
     lora_target_modules: tuple[str, ...] = QWEN_PROJECTIONS  # Qwen attention + MLP projections
-    train_tag_embeddings: bool = True  # with LoRA, also train the six tag rows of the embedding(s)
+    train_tag_embeddings: bool = True  # with LoRA, also train the tag rows of the embedding(s)
 
 
 def resolve_device_and_dtype(settings: ModelSettings) -> tuple[str, torch.dtype]:
@@ -135,7 +134,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
 GGUF_SUFFIX = ".gguf"
 GGUF_FOLDER_SUFFIX = ".nanopar"  # file.gguf -> file.gguf.nanopar/, the converted model folder
 GGUF_STAMP = "nanopar_gguf.json"  # in that folder: which file (size, mtime) it was converted from
-GGUF_HINT = "pip install gguf==0.19.0"  # the version measured with transformers 5.24 (pyproject's test extra)
+GGUF_HINT = "pip install gguf==0.19.0"  # the version tested with transformers 5.24 (pyproject's test extra)
 
 
 def gguf_folder(path: str, folder: str | None = None) -> str:
@@ -319,12 +318,12 @@ def _is_tied(model) -> bool:
 def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
     """Wrap `model` in a peft LoRA model; with `settings.train_tag_embeddings` the tag rows train too.
 
-    Tag rows use peft's `trainable_token_indices`: a TrainableTokensWrapper keeps a [6, d]
-    parameter with the current values of those rows and writes them into the embedding matrix
-    in each forward, so only 6 rows train and the adapter file stores only them (peft 0.21.2,
-    utils/other.py `_set_trainable` and tuners/trainable_tokens/layer.py). With tied embeddings
-    (Qwen2.5-0.5B, Qwen3-0.6B) a plain list wraps embed_tokens and peft wraps lm_head with a
-    *tied* adapter sharing the same [6, d] parameter, so input and output rows stay one tensor.
+    Tag rows use peft's `trainable_token_indices`: a TrainableTokensWrapper keeps an [n_tags, d]
+    parameter (6 rows for Parallel-R1's tags, 9 for NPR's) with the current values of those rows
+    and writes them into the embedding matrix in each forward, so only they train and the adapter
+    file stores only them (as of peft 0.21.2). With tied embeddings (Qwen2.5-0.5B, Qwen3-0.6B) a
+    plain list wraps embed_tokens and peft wraps lm_head with a *tied* adapter sharing the same
+    [n_tags, d] parameter, so input and output rows stay one tensor.
     With untied embeddings a list would train only the input rows, so we name both matrices.
     `modules_to_save=["embed_tokens"]` would instead train and save the whole 151,936 x d matrix.
     """

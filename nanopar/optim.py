@@ -1,9 +1,10 @@
 """The optimiser side of a training step: AdamW over trainable parameters, and one careful step.
 
 `apply_gradients` clips the gradient norm, skips the step when the norm is not finite (a NaN
-from one bad batch must not poison the adapter), and clears the gradients. The learning rate: a linear warm-up, then constant (RL) or a cosine decay to
-10% at the stage's last step (SFT from scratch or onto new tags learns much more per step with
-it). Not here: other schedules, other optimisers.
+from one bad batch must not poison the adapter), and clears the gradients. The learning rate: a
+linear warm-up, then constant (RL) or a cosine decay to 10% at the stage's last step (SFT from
+scratch or onto new tags learns much more per step with it).
+Not here: other schedules, other optimisers.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ not the recorded log-prob: GRPO compares the policy with itself, and the trainer
 Greedy decoding (temperature 0) records log-probs at temperature 1.
 
 `Policy` is the one value that says which distribution that is (tags, attention mode, path
-position stride, temperature, vocabulary): the sampler and the trainer both take it, so on-policy training does
-not depend on two roads of arguments agreeing.
+position stride, temperature, vocabulary): the sampler and the trainer both take it, so
+on-policy training does not depend on two roads of arguments agreeing.
+Not here: the sampling loop (sampler.py), the training read of a whole trace (forward.py).
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     """One draw per row by inverting the CDF: [N, V] probabilities -> [N] ids.
 
     The same distribution as `torch.multinomial(probs, 1)`, which on a CPU draws a random number
-    per vocabulary entry (151,936 per row per step for Qwen: 20 of 22 s of a sampling benchmark);
-    this draws one per row. `right=True` never lands on a zero-probability id.
+    per vocabulary entry (151,936 per row per step for Qwen: most of a real-vocabulary sampler
+    call, docs/measurements.md); this draws one per row. `right=True` never lands on a
+    zero-probability id.
     """
     cdf = probs.cumsum(-1)  # [N, V]
     u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]  # [N, 1]

@@ -1,37 +1,21 @@
 """Prompts: the instructions a model reads, the chat template around them, and when it stops.
 
-Where the text goes: the instructions and the question form one *user* message, instructions
-first, a blank line, then the question (an optional `system` message goes before it). With a
-chat template (Qwen's), the rendered prompt ends with the assistant header
-`<|im_start|>assistant\\n`, so the model's first sampled token starts its answer. Without one (the
-toy world's character tokenizer, a base model with `chat=False`) the prompt is plain text:
+The instructions and the question form one *user* message, instructions first, a blank line,
+then the question (an optional `system` message goes before it). With a chat template (Qwen's),
+the prompt ends with the assistant header `<|im_start|>assistant\\n`, so the first sampled token
+starts the answer; without one (the toy's character tokenizer, `chat=False`) it is plain text,
+"{instructions}\\n\\n{question}\\n".
 
-    {instructions}
-
-    {question}
-
-Instruction sets, by the name `--instructions` gives them. Each one a real model reads ends by
-asking for the final answer in a form the strict grader reads (`grading.read_answer`: a box, or a
-`Final Answer:` line; a `Final Answer: \\boxed{...}` line is both):
-  "parallel"  PARALLEL_INSTRUCTIONS: elicit parallel thinking in Parallel-R1's tags
-              (`parallel_instructions(schema)` words them for another schema of its shape). Our own
-              wording of the idea of Parallel-R1's elicitation prompt; it ends with a line
-              `Final Answer: \\boxed{<your answer>}` (Parallel-R1 writes `Final Answer:`, the box
-              makes the request the same as every other set's).
-              Under NPR's schema: NPR_INSTRUCTIONS, NPR's format rules (guideline of plans, one step
-              per plan, takeaway), our own wording of NPR's released prompt; the answer in
-              \\boxed{} as NPR asks.
-  "plain"     PLAIN_INSTRUCTIONS: step by step, no tags, the same answer line: the accuracy-only
-              baselines.
-  "answer"    ANSWER_INSTRUCTIONS: one line, Qwen's own request for math ("Please reason step by
-              step, and put your final answer within \\boxed{}."): the least a real model must be
-              told for its answer to be read.
-  "none"      nothing: the bare question (a model trained on its own format: the toy's).
-A data source with a model of its own words the sets its own way (`data.Source.instructions`: the
-toy's model reads one marker, "in parallel", and answers on its own `Final Answer:` line), and a
-set it does not word is its "none" text: its model keeps its own format.
-The tags in a prompt are single tokens once `tags.add_tag_tokens` has run; the layout reads a
-prompt as plain text either way.
+Instruction sets, by the name `--instructions` gives them; each one a real model reads ends by
+asking for the answer in a form the strict grader reads (a box, or a `Final Answer:` line):
+  "parallel"  elicit parallel thinking: our wording of Parallel-R1's prompt in its tags
+              (`parallel_instructions(schema)`), or of NPR's format rules under NPR's schema
+  "plain"     step by step, no tags, the same answer line: the accuracy-only baselines
+  "answer"    Qwen's own one-line request for a boxed answer: the least a real model must be told
+  "none"      the bare question (a model trained on its own format: the toy's)
+A data source with a model of its own words the sets its own way (`data.Source.instructions`:
+the toy's model reads one marker, "in parallel"); a set it does not word is its "none" text.
+Not here: the tags as tokens (tags.add_tag_tokens), reading the answer (grading.py).
 """
 
 from __future__ import annotations
@@ -42,6 +26,7 @@ from .tags import NPR, PARALLEL_R1, TagSchema
 
 
 # how Parallel-R1's and the plain instructions end: both readings of the strict grader accept it
+# (Parallel-R1 asks for a `Final Answer:` line; the box makes the request the same as every other set's)
 ANSWER_LINE = "End your response with a line of the form\nFinal Answer: \\boxed{<your answer>}"
 
 
@@ -73,7 +58,8 @@ def parallel_instructions(schema: TagSchema = PARALLEL_R1) -> str:
 
 
 def npr_instructions(schema: TagSchema = NPR) -> str:
-    """NPR's format rules in our own words, with `schema`'s tags (a schema with plans)."""
+    """NPR's format rules in our own words (of its released prompt), with `schema`'s tags (a schema
+    with plans); the answer in \\boxed{} as NPR asks."""
     s = schema
     return (
         "Solve the problem below in rounds. Each round has three parts, written in this order:\n"

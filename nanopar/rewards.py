@@ -1,19 +1,17 @@
 """Rewards for parallel thinking: the built-in rewards, a registry, weighted specs, schedules.
 
-A reward scores one rollout: `fn(text, trace, problem) -> float`, where `text` is the decoded
-response with its tags (`response_text`), `trace` its reading (`trace.parse_ids`), `problem` the
-`data.Problem` it answers. Built-ins (the README's "Rewards" table gives values and sources):
-accuracy, format (Algorithm 1), parallel (correct AND a valid parallel trace, `format.check_parallel`:
-Parallel-R1 stage 1), accuracy_parallel_bonus, accuracy_times_parallel, npr_format (NPR stage 1).
-A spec is a weighted sum, "accuracy:1,format:0.2"; `score(spec, ...)` returns the total, each
-component and the `Grade`; the answer is graded once per call and a grading failure is counted
-(`grade.error`), never hidden. `@register("name")` adds a reward in a few lines, and
-`load_reward_file` makes a user's file of them available to train.py and eval.py. Schedules pick
-the spec per step: `Constant`, `Alternating` (Parallel-R1: 8 of every 10 steps accuracy, 2
-parallel), `TwoPhase` (the alternating scaffold, then accuracy only); `schedule_from_string`
-reads a flag. `as_trl_reward` wraps any reward for TRL's GRPOTrainer.
-Left out: PAPO's dropping of invalid rollouts (grpo.py does it), length or diversity rewards,
-learned reward models.
+A reward scores one rollout: `fn(text, trace, problem) -> float` (`text`: the response with its
+tags, `response_text`; `trace`: its reading; `problem`: the `data.Problem` it answers). Built-ins
+(docs/recipes.md gives values and sources): accuracy, format, parallel (correct AND a valid
+parallel trace: Parallel-R1 stage 1), accuracy_parallel_bonus, accuracy_times_parallel,
+npr_format (NPR stage 1). A spec is a weighted sum, "accuracy:1,format:0.2"; `score` returns the
+total, each component and the `Grade`, grading the answer once and counting a failure, never
+hiding it. `@register("name")` adds a reward; `load_reward_file` loads a user's file of them.
+Schedules pick the spec per step: `Constant`, `Alternating` (Parallel-R1: 8 of every 10 steps
+accuracy, 2 parallel), `TwoPhase` (that scaffold, then accuracy). `as_trl_reward` wraps a reward
+for TRL's GRPOTrainer.
+Not here: PAPO's dropping of invalid rollouts (grpo.py), length or diversity rewards, learned
+reward models.
 """
 
 from __future__ import annotations
@@ -387,8 +385,8 @@ def as_trl_reward(fn_or_name: str | RewardFn, tokenizer=None, answer_key: str = 
 
     `kwargs[answer_key]` holds the gold answers (one per completion); `question` or `problem`
     columns, when present, fill `Problem.question`. With `tokenizer`, the text and trace come
-    from `completion_ids` decoded with the tags kept. Traces are read in `schema`'s tags. Grading errors are counted in
-    `f.grade_errors` (a Counter of error messages).
+    from `completion_ids` decoded with the tags kept. Traces are read in `schema`'s tags.
+    Grading errors are counted in `f.grade_errors` (a Counter of error messages).
 
     >>> f = as_trl_reward("accuracy")
     >>> f(completions=["Final Answer: 4", "Final Answer: 5"], answer=["4", "4"]), f.__name__

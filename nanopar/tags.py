@@ -6,13 +6,13 @@
 
 Both are one shape: a block opens in the main chain, its branches ("paths", NPR's "steps") are
 written side by side, a summary merges them. What differs is data on `TagSchema`: where the
-engine forks (`fork_role`: after <Parallel>, or after </guideline>), how many branches
-(Parallel-R1: K per call; NPR: the number of plans the model wrote, `planned`), what a branch
-opens with (NPR: its number, `label`), what the merge inserts (`merge_roles`), and the reading
-itself (`transitions`). The reader, layout, sampler, judge, stats and trees take a schema and
-ask it; none of them names a schema. `TagIds` is the same vocabulary as token ids, for code
-that works on ids (layout, sampler); `add_tag_tokens` makes the tags single tokens of a
-tokenizer (and rows of a model's embedding). Importing this file does not import torch.
+engine forks (`fork_role`), how many branches (Parallel-R1: K per call; NPR: one per plan the
+model wrote, `planned`), what a branch opens with (`label`), what the merge inserts
+(`merge_roles`), and the reading itself (`transitions`). The reader, layout, sampler, judges,
+stats and trees ask a schema; none of them names one. `TagIds` is the vocabulary as token ids;
+`add_tag_tokens` makes the tags single tokens of a tokenizer (and rows of a model's embedding).
+Importing this file does not import torch.
+Not here: reading a trace (trace.py), judging one (format.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ embeddings, RMSNorm, GQA) with a few thousand to a few million parameters, rando
 initialised with a seed. `word_tokenizer` builds a small tokenizer with the `tokenizers` library
 (whole words tried first, then one token per ASCII character); `char_tokenizer` is it without
 words, so `load_model("tiny:qwen3")` gives a model + tokenizer pair without any download (its
-text is noise: it is for trying the machinery). Not covered: Qwen's sliding-window or MoE variants.
+text is noise: it is for trying the machinery).
+Not here: Qwen's sliding-window or MoE variants, the toy world's own model and tokenizer (toy/).
 """
 
 from __future__ import annotations
