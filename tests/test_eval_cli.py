@@ -146,8 +146,8 @@ def test_a_real_model_is_asked_for_a_boxed_answer_in_its_chat_template_by_defaul
 def test_no_speedup_when_nothing_forked_and_the_pair_timed_in_turns_when_something_did(tmp_path, monkeypatch,
                                                                                       capsys):
     """The toy's responses fork (a block of two paths): after its evaluation call (1.0 s, cold), the
-    pair takes turns, parallel 0.5 / 0.4 s, sequential 0.8 / 0.9 s: speedup 2.00 (the old timing,
-    the cold call against one sequential decode, read 1.0 vs 0.5: 0.50x). GSM8K's responses hold
+    pair takes turns, parallel 0.5 / 0.4 s, sequential 0.8 / 0.9 s: speedup 2.00 (timing the
+    cold call against one sequential decode would read 1.0 vs 0.5: 0.50x). GSM8K's responses hold
     no block: both decodes would be the same work, so no speedup ("-") and nothing decoded again."""
     from nanopar.toy import toy_tokenizer
 

@@ -342,7 +342,7 @@ def test_speed_helpers(monkeypatch):
 def test_speedup_takes_turns_and_keeps_the_best_round_of_each(monkeypatch):
     """The evaluation's own call (1.0 s, cold) is not timed again; then parallel and sequential
     take turns: 0.5, 0.8, 0.4, 0.9 s. The best of each (0.4, 0.8) make the speedup: 2.0 on the same
-    tokens. (Timing the evaluation's call against one sequential decode read 1.0 vs 0.5: 0.5x.)"""
+    tokens. (Timing the evaluation's call against one sequential decode would read 1.0 vs 0.5: 0.5x.)"""
     tokenizer = toy_tokenizer()
     fake = scripted(monkeypatch, tokenizer, [(p, text, finish) for p, text, finish, _ in SCRIPT],
                     wall_time=[1.0, 0.5, 0.8, 0.4, 0.9])

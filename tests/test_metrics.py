@@ -45,8 +45,8 @@ def test_rollout_metrics_by_hand():
 
 
 def test_parallel_ratio_counts_what_the_parallel_reward_calls_valid():
-    """The issue's example (a <Path> after the summary), a nested <Path> and a truncated block hold
-    a block with two closed paths, yet none is a valid parallel trace: the ratio counts the clean one."""
+    """A <Path> after the summary, a nested <Path> and a truncated block hold a block with two
+    closed paths, yet none is a valid parallel trace: the ratio counts the clean one."""
     from nanopar.data import Problem
     from nanopar.rewards import score
     from nanopar.trace import parse_trace
@@ -58,7 +58,7 @@ def test_parallel_ratio_counts_what_the_parallel_reward_calls_valid():
     assert m["parallel_ratio"] == 1 / 6 and m["reward/parallel"] == (1 - 5) / 6
     assert [r.total > 0 for r in results] == [n == "clean" for n in names]
     assert m["blocks_per_response"] == 5 / 6  # the sequential one has no block
-    # "at least one valid block", the ratio before issue 11, holds for 3 of them: clean, nested, after the summary
+    # the weaker "at least one valid block" would count 3 of them: clean, nested, after the summary
     assert [any(b.valid for b in parse_trace(PARALLEL_CASES[n][0]).blocks) for n in names] == [
         True, True, False, True, False, False]
 

@@ -41,7 +41,7 @@ EXPECTED = {
     "accuracy_times_parallel": {
         ("valid", 1): 1, ("invalid", 1): 0, ("none", 1): 0, ("valid", 0): -1, ("invalid", 0): 0, ("none", 0): 0,
     },
-    # issue 11 changed ("none", 1) from 1 to 0: a correct sequential answer now ranks below a correct parallel one
+    # ("none", 1) is 0: a correct sequential answer ranks below a correct parallel one, above a wrong one
     "npr_format": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): 0, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1},
 }
 
