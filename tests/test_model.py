@@ -315,7 +315,7 @@ def test_checkpoint_round_trip_reproduces_logits_and_tag_rows(case, qwen_folders
 
 
 def test_unknown_model_name_is_one_clear_line(monkeypatch):
-    # Offline, or the hub client retries for ~45 s on a machine without internet. The constant is
+    # Offline, or the hub client keeps retrying on a machine without internet. The constant is
     # read at import, so setting the variable alone is not enough.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
