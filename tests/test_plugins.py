@@ -1,7 +1,7 @@
 """The two plug-in points for synthetic worlds, and the toy world as a leaf behind them.
 
 `data.SOURCES` (spec prefix -> Source: problems, traces, model) and `grading.CHECKERS` (checker
-name -> exact checker) are the only roads from the general modules into nanopar/toy.py.
+name -> exact checker) are the only roads from the general modules into nanopar/toy/.
 """
 
 import subprocess

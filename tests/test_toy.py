@@ -31,7 +31,7 @@ from nanopar.toy import (
     VERIFICATION_SHARE,
     attempt_count,
     check_countdown,
-    evaluate,
+    eval_expression,
     extract_toy_answer,
     grade_countdown,
     heldout,
@@ -49,19 +49,15 @@ from nanopar.trace import parse_ids, parse_trace, trace_stats
 
 N = 600  # traces of each kind
 STEP = re.compile(r"^(\d+)([-+*])(\d+)=(\d+)$")
-# Token bounds (mean, max) the teacher keeps (measured on these 600 each: easy sequential ~60 / 93,
-# hard sequential ~74 / 106; Parallel-R1 exploration ~100 / 155, verification ~123 / 163, mixed
-# ~102 / 158; NPR, with its tags added, exploration ~121 / 179, verification ~139 / 188, mixed
-# ~125 / 188).
+# Token bounds (mean, max) the teacher keeps, with room above the lengths docs/toy.md gives
 BOUNDS = {"easy-sequential": (70, 130), "hard-sequential": (80, 130), "easy-parallel": (115, 165),
           "easy-npr": (135, 195), "exploration": (105, 160), "verification": (130, 165),
           "npr-exploration": (130, 185), "npr-verification": (145, 195)}
 DEFAULTS = TrainConfig()  # the toy's sampler budgets: max_new_tokens, max_path_tokens, max_blocks
 MAX_PATH_TOKENS = DEFAULTS.max_path_tokens  # 48: a step (label, attempt or check, </step>) must fit
 # sha256 of json.dumps(teacher_traces(name), sort_keys=True) in Parallel-R1's tags: the base model of
-# the default run is trained on "toy:sequential" and must not move by accident. All three moved on
-# purpose when easy began to hold out 3 tenths of its problems (issue 14: a held-out set of 560 for
-# a standard error <= 1.5 points); the parallel mixes also with issue 14's teacher before that.
+# the default run is trained on "toy:sequential" and must not move by accident (git log says when
+# and why they last moved on purpose).
 PARALLEL_R1_TRACES = {
     "toy:sequential": "987bf03d27784d43512207405f770cb0d45c271ddef0ff4a5fd96f678be968b7",
     "toy:instruct": "28173f0e269837e2bfbc7ce1218101d7cefeb6f567681b61f756be76ac4b9e7e",
@@ -211,7 +207,7 @@ def test_checker_accepts_correct_and_rejects_wrong_answers():
         assert not check_countdown(answer, p), why
     assert not check_countdown(None, p)
     with pytest.raises(ValueError):
-        evaluate("9+8-")
+        eval_expression("9+8-")
 
 
 def test_extract_toy_answer():
@@ -230,7 +226,7 @@ def replay(attempt: str, numbers: list[int], target: int, bound: int) -> int:
     body, verdict, expression = re.fullmatch(r"(.*)vs(\d+)(?:(no)|yes so (.+))", attempt).group(1, 3, 4)
     verdict = "no" if verdict else "yes"
     if expression is not None:
-        value, used = evaluate(expression)
+        value, used = eval_expression(expression)
         assert value == target and sorted(used) == sorted(numbers), attempt
     pool = sorted(numbers)
     for step in body.split(","):
@@ -310,7 +306,7 @@ def verify_redo(text: str, p: Problem) -> None:
 def verify_uses(text: str, p: Problem) -> None:
     """The numbers of the answer's expression, sorted, against the problem's, sorted: equal."""
     used, given = re.fullmatch(r"([\d,]+)vs([\d,]+)yes", text).groups()
-    assert used == ",".join(map(str, sorted(evaluate(p.answer)[1]))) and given == ",".join(map(str, sorted(p.extra["numbers"])))
+    assert used == ",".join(map(str, sorted(eval_expression(p.answer)[1]))) and given == ",".join(map(str, sorted(p.extra["numbers"])))
     assert used == given, text
 
 
@@ -531,8 +527,7 @@ def test_teacher_traces_in_npr_tags_have_the_mix_shares():
 
 
 def test_parallel_r1_teacher_traces_are_pinned():
-    """The Parallel-R1 traces of every mix are byte for byte the pinned ones (the sequential base's
-    since before NPR's teacher; the parallel mixes' since issue 14's)."""
+    """The Parallel-R1 traces of every mix are byte for byte the pinned ones."""
     for name in TEACHER_MIXES:
         records = teacher_traces(name)
         digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
@@ -598,8 +593,7 @@ def budget_needed(ids: list[int], tags: TagIds) -> tuple[int, int]:
 def test_teacher_traces_fit_the_default_budgets(tokenizer, npr_tokenizer):
     """Every parallel trace of the cold-start and instruct mixes fits the toy's sampler budgets:
     its blocks (max_blocks), each branch (max_path_tokens), and in Parallel-R1's tags the whole
-    (max_new_tokens, 224: Parallel-R1's longest need 159 causal / 154 structured, NPR's 188 / 178,
-    measured)."""
+    (max_new_tokens; docs/toy.md gives the longest need of each schema)."""
     for schema, tk in ((PARALLEL_R1, tokenizer), (NPR, npr_tokenizer)):
         tags = TagIds.from_tokenizer(tk, schema)
         records = [r for name in ("toy:parallel", "toy:instruct") for r in teacher_traces(name, schema)

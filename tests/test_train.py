@@ -125,7 +125,7 @@ def half_right_sampler(monkeypatch):
         return rollouts
 
     monkeypatch.setattr(nanopar.runner, "sample", fake_sample)
-    monkeypatch.setattr(nanopar.toy, "TOY_TRAIN_PROBLEMS", 6)
+    monkeypatch.setattr(nanopar.toy.source, "TOY_TRAIN_PROBLEMS", 6)
     return seen
 
 

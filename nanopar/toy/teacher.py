@@ -1,0 +1,337 @@
+r"""The programmatic teacher: sequential and parallel traces of toy problems, in either schema's tags.
+
+One line per attempt, its comparison with the target written out (without it an early toy model
+learned the arithmetic but said "yes" to wrong values), stopping after the attempt that checks
+out: the problem's own route (`extra["steps"]`); the others are random legal routes that miss.
+That attempt turns its steps into the answer right there ("yes so (7*3)+12"), so a summary only
+copies the few tokens after "yes so" from the path that holds them: a summary reads its paths at
+shared positions, and re-deriving the expression from one path's steps is hard for it.
+
+sequential: the right route sits at attempt a, uniform in 1..K (easy K = 4, hard 3):
+
+    12-7=5,5*3=15vs33no
+    7*3=21,21+12=33vs33yes so (7*3)+12
+    Final Answer: (7*3)+12
+
+A parallel trace (easy only, as in the paper) is one of two kinds, VERIFICATION_SHARE of them
+the second. Both make at least as many attempts as the sequential teacher would with the same
+draws (`attempt_count`), so writing in parallel never caps the search:
+
+exploration: the trace opens with a block of K = 3 routes side by side; when none checks out
+the summary says "no" and another block follows, until the blocks hold a attempts (blocks =
+ceil(a / 3): a in 1..4 gives 1 block 3/4 of the time, 2 blocks 1/4); the right route at a random
+place of the last block, its summary the expression ("numbers 4 5 5 target 100"):
+
+    <Parallel><Path>5+4=9,9+5=14vs100no</Path><Path>5+4=9,9-5=4vs100no</Path><Path>5-4=1,5+1=6vs100no</Path></Parallel><Summary>no</Summary>
+    <Parallel><Path>5*5=25,25*4=100vs100yes so (5*5)*4</Path><Path>5+5=10,10-4=6vs100no</Path><Path>5*4=20,20-5=15vs100no</Path></Parallel><Summary>(5*5)*4</Summary>
+    Final Answer: (5*5)*4
+
+verification (Parallel-R1's Figure 6): the sequential teacher's own attempts (the same draws, so
+the same lines) until one checks out, then a block whose paths check that answer three ways
+(`CHECKS`), each a true statement: "redo" recomputes the route with the operands of + and *
+swapped, "uses" lists the answer's numbers and the problem's, each sorted, "back" works back from
+the target by the inverse operations (- for +, / for *, + or - for -) to the number left over:
+
+    12-7=5,5*3=15vs33no
+    7*3=21,21+12=33vs33yes so (7*3)+12
+    <Parallel><Path>3*7=21,12+21=33vs33yes</Path><Path>3,7,12vs3,7,12yes</Path><Path>33-12=21,21/3=7vs7yes</Path></Parallel><Summary>(7*3)+12</Summary>
+    Final Answer: (7*3)+12
+
+NPR's rounds (`npr_trace`) are the same two kinds in its tags: a plan names its route by the
+first move ("1:7*3", a few tokens; the first moves of a round differ, so no two plans are one
+strategy) or its check ("2:back"); step i is "i:" and the attempt or check of plan i; the
+takeaway the expression (exploration: "no" when no step checks out, then another round):
+
+    <guideline><plan>1:8+7</plan><plan>2:8*7</plan></guideline><step>1:8+7=15,15+8=23vs64no</step>
+    <step>2:8*7=56,56+8=64vs64yes so (8*7)+8</step><takeaway>(8*7)+8</takeaway>
+    Final Answer: (8*7)+8
+
+    12-7=5,5*3=15vs33no
+    7*3=21,21+12=33vs33yes so (7*3)+12
+    <guideline><plan>1:redo</plan><plan>2:back</plan></guideline><step>1:3*7=21,12+21=33vs33yes</step>
+    <step>2:33-12=21,21/3=7vs7yes</step><takeaway>(7*3)+12</takeaway>
+    Final Answer: (7*3)+12
+
+The label follows the tag with no space: the sampler forces the ids of "1:" after <step> and the
+model continues from there. A round holds 2 or 3 plans, each half the time (K = 3 at most): the
+first exploration round, and a verification round (2 or 3 of the checks); a later exploration
+round tries what is still wanted, at least 2 (so 2: a is at most 4). Under NPR the model
+chooses how many branches to fork, so its cold start must show more than one count (one fixed
+count would be Parallel-R1's K again), and RL can then shift the mix towards what pays. The
+count is drawn, not tied to the problem: nothing the model can read in an easy question says
+how hard it is.
+
+Traces carry no EOS: the trainer appends `tokenizer.eos_token`. The toy prompt is the question
+alone (`prompts.build_prompt(problem, tokenizer, instructions="")` gives "question\n").
+tests/test_toy.py holds every trace within the toy's sampler budgets (docs/toy.md: the lengths).
+
+Not here: the task, its routes and checker (task.py); the trace mixes SFT reads (source.py).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from .. import NanoparError
+from ..data import Problem
+from ..tags import MAX_PATHS, NPR, PARALLEL_R1, TagSchema
+from .task import FINAL, LEVELS, Route, eval_expression, random_route
+
+PARALLEL_PATHS = 3  # K of the parallel teacher: paths per block (the sampler should fork as many); NPR: the most plans
+VERIFICATION_SHARE = 0.25  # parallel traces that verify an answer found sequentially; the rest explore (docs/toy.md)
+TRACE_KINDS = ("exploration", "verification")
+
+
+def attempt_text(route: Route, target: int) -> str:
+    """One attempt, its comparison with the target written out, and the expression when it
+    checks out: "7*3=21,21+12=33vs33yes so (7*3)+12" or "12-7=5,5*3=15vs33no"."""
+    verdict = f"yes so {route.expression}" if route.value == target else "no"
+    return f"{','.join(route.steps)}vs{target}{verdict}"
+
+
+def first_move(route: Route) -> str:
+    """The first step of a route without its result: "7*3" for ("7*3=21", "21+12=33")."""
+    return route.steps[0].partition("=")[0]
+
+
+# --- the checks of a verification block: each a true statement about a right answer
+
+
+_STEP = re.compile(r"(\d+)([-+*])(\d+)=(\d+)")
+
+
+def _steps(route: Route) -> list[tuple[int, str, int, int]]:
+    """A route's steps as (a, op, b, value): "7*3=21" -> (7, "*", 3, 21)."""
+    parsed = [_STEP.fullmatch(step) for step in route.steps]
+    return [(int(m[1]), m[2], int(m[3]), int(m[4])) for m in parsed]
+
+
+def check_redo(route: Route, problem: Problem) -> str:
+    """Recompute the route in another order, the operands of + and * swapped (- keeps its order),
+    and compare with the target: "3*7=21,12+21=33vs33yes" for ("7*3=21", "21+12=33")."""
+    steps = [f"{b}{op}{a}={v}" if op in "+*" else f"{a}{op}{b}={v}" for a, op, b, v in _steps(route)]
+    return f"{','.join(steps)}vs{problem.extra['target']}yes"
+
+
+def check_uses(route: Route, problem: Problem) -> str:
+    """Each number used once: the numbers of the answer's expression, sorted, against the
+    problem's, sorted: "3,7,12vs3,7,12yes"."""
+    used = sorted(eval_expression(route.expression)[1])
+    given = sorted(problem.extra["numbers"])
+    if used != given:
+        raise ValueError(f"the answer {route.expression} does not use the numbers {given} once each")
+    return f"{','.join(map(str, used))}vs{','.join(map(str, given))}yes"
+
+
+def check_back(route: Route, problem: Problem) -> str:
+    """Work back from the target by the inverse of each step, last step first, to the number left
+    over: "33-12=21,21/3=7vs7yes" for ("7*3=21", "21+12=33"). Needs a chain (each step uses the
+    previous result: every route of 3 numbers); a route of 4 that joins two pairs raises."""
+    steps, inverses = _steps(route), []
+    for i in reversed(range(len(steps))):
+        a, op, b, value = steps[i]
+        known = steps[i - 1][3] if i else a  # the operand to recover: the previous result (first step: a)
+        if known not in (a, b):
+            raise ValueError(f"the route {route.steps} is not a chain: step {i + 1} does not use the step before")
+        other = b if known == a else a
+        if op == "+":
+            inverses.append(f"{value}-{other}={known}")
+        elif op == "*":
+            inverses.append(f"{value}/{other}={known}")
+        else:  # a - b = value: a = value + b, b = a - value
+            inverses.append(f"{value}+{other}={known}" if known == a else f"{other}-{value}={known}")
+    return f"{','.join(inverses)}vs{steps[0][0]}yes"
+
+
+CHECKS = {"redo": check_redo, "uses": check_uses, "back": check_back}  # a verification block's paths, in order
+
+
+# --- drawing the routes
+
+
+def _pick_routes(problem: Problem, rng: random.Random, k: int) -> tuple[list[Route], Route]:
+    """K routes at most: the problem's own route (the one that checks out) at a random place, the
+    others random legal routes that miss the target (fewer if they are hard to find), all different."""
+    right = _right_route(problem)
+    wrong = _misses(problem, rng, k - 1, avoid={right.steps})
+    wrong.insert(rng.randrange(len(wrong) + 1), right)
+    return wrong, right
+
+
+def _right_route(problem: Problem) -> Route:
+    return Route(tuple(problem.extra["steps"]), problem.extra["target"], problem.answer)
+
+
+def _misses(problem: Problem, rng: random.Random, n: int, avoid: set, distinct=lambda route: route.steps
+            ) -> list[Route]:
+    """Up to `n` random legal routes that miss the target, no two alike by `distinct` (the steps;
+    NPR's plans: the first move) and none whose steps or `distinct` key is in `avoid`."""
+    numbers, target = problem.extra["numbers"], problem.extra["target"]
+    found: dict = {}
+    for _ in range(50 * (n + 1)):  # a walk is a few steps, so this stays cheap for 4 numbers
+        if len(found) == n:
+            break
+        route = random_route(numbers, LEVELS[problem.extra["level"]].bound, rng)
+        if route.value != target and route.steps not in avoid and distinct(route) not in avoid:
+            found.setdefault(distinct(route), route)
+    return list(found.values())
+
+
+def _sequential_attempts(problem: Problem, rng: random.Random, attempts: int | None = None) -> list[Route]:
+    """The sequential teacher's attempts: missing routes, then the right one at attempt 1..K."""
+    chosen, right = _pick_routes(problem, rng, attempts or LEVELS[problem.extra["level"]].attempts)
+    return chosen[: chosen.index(right) + 1]
+
+
+def attempt_count(problem: Problem, rng: random.Random) -> int:
+    """How many attempts the sequential teacher makes with these draws (it draws them, so a parallel
+    trace written after this from the same generator state makes at least as many)."""
+    return len(_sequential_attempts(problem, rng))
+
+
+def _exploration_rounds(problem: Problem, rng: random.Random, size, distinct) -> list[list[Route]]:
+    """Rounds of routes until they hold `attempt_count` attempts, round sizes drawn by
+    `size(round, attempts still wanted)`:
+    the right route at a random place of the last one, the others random routes that miss, no
+    route twice in the trace, no two in a round alike by `distinct`. Where the misses run out
+    (three numbers alike: 25 of the 20,150 easy problems), a last round short of 2 is dropped and
+    the right route replaces a miss of the round before, one alike by `distinct` if there is one;
+    an earlier round short of 2 raises (never seen)."""
+    wanted, sizes = attempt_count(problem, rng), []
+    while sum(sizes) < wanted:
+        sizes.append(size(len(sizes), wanted - sum(sizes)))
+    right, tried, rounds = _right_route(problem), set(), []
+    for i, n in enumerate(sizes):
+        last = i == len(sizes) - 1
+        avoid = tried | {right.steps} | ({distinct(right)} if last else set())
+        routes_ = _misses(problem, rng, n - last, avoid, distinct)
+        if last and len(routes_) == 0 and rounds:  # no miss left to go with the right route
+            before = rounds[-1]
+            alike = [k for k, r in enumerate(before) if distinct(r) == distinct(right)]
+            before[alike[0] if alike else rng.randrange(len(before))] = right
+            break
+        if last:
+            routes_.insert(rng.randrange(len(routes_) + 1), right)
+        if len(routes_) < 2:
+            raise NanoparError(f"{problem.question}: too few other routes for a block of {n} (found {len(routes_)})")
+        tried |= {r.steps for r in routes_}
+        rounds.append(routes_)
+    return rounds
+
+
+def _pick_checks(rng: random.Random, n: int) -> list[str]:
+    """`n` of the CHECKS' names, in CHECKS order."""
+    if not 2 <= n <= len(CHECKS):
+        raise ValueError(f"a verification block does 2..{len(CHECKS)} checks, not {n}")
+    chosen = set(rng.sample(list(CHECKS), n))
+    return [name for name in CHECKS if name in chosen]
+
+
+# --- the traces
+
+
+def sequential_trace(problem: Problem, rng: random.Random, attempts: int | None = None) -> str:
+    """Attempts one per line until the one that checks out (at a random attempt 1..K), then the answer.
+
+    K = `attempts`, or the level's default (easy 4, hard 3).
+    """
+    tried = _sequential_attempts(problem, rng, attempts)
+    lines = [attempt_text(r, problem.extra["target"]) for r in tried]
+    return "\n".join(lines) + f"\n{FINAL} {tried[-1].expression}"
+
+
+def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
+                   schema: TagSchema = PARALLEL_R1, kind: str | None = None) -> str:
+    """A parallel trace in Parallel-R1's shape, blocks of K = `paths` paths, of `kind` ("exploration"
+    or "verification"; None: drawn, verification with probability VERIFICATION_SHARE):
+
+    exploration  blocks of K routes until they hold `attempt_count` attempts; a block with no route
+                 that checks out is summarised "no", the last one by the expression of the one that does
+    verification the sequential teacher's attempts, then one block of K `CHECKS` of the answer
+                 (K <= 3), summarised by the expression
+
+    then the answer. Easy problems only, as in the paper. A schema with plans: `npr_trace`.
+    """
+    _check_parallel_problem(problem)
+    if schema.planned:
+        raise ValueError(f"the tag schema {schema.name!r} has plans: write its traces with npr_trace")
+    if _draw_kind(rng, kind) == "exploration":
+        return _exploration_trace(problem, rng, schema, lambda i, left: paths, lambda route: route.steps)
+    return _verification_trace(problem, rng, schema, lambda: paths)
+
+
+def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS, schema: TagSchema = NPR,
+              kind: str | None = None) -> str:
+    """A parallel trace in NPR's rounds of 2..K plans (K = `paths`), of `kind` (as `parallel_trace`;
+    None: drawn):
+
+    exploration  rounds until they hold `attempt_count` attempts, the first of 2..K plans (each
+                 count equally likely), a later one of what is still wanted (at least 2); plan i
+                 "i:" and the first move of its route (the first moves of a round all different),
+                 step i "i:" and its attempt; the takeaway "no", or in the last round the
+                 expression of the route that checks out
+    verification the sequential teacher's attempts, then one round of 2..min(K, 3) `CHECKS`: plan i
+                 "i:" and the check's name, step i "i:" and the check; the takeaway the expression
+
+    then the answer. Easy problems only.
+    """
+    _check_parallel_problem(problem)
+    if not schema.planned:
+        raise ValueError(f"the tag schema {schema.name!r} has no plans: write its traces with parallel_trace")
+    if not 2 <= paths <= MAX_PATHS:
+        raise ValueError(f"an NPR round of the teacher has 2..{MAX_PATHS} plans, not at most {paths}")
+    if _draw_kind(rng, kind) == "exploration":
+        return _exploration_trace(problem, rng, schema, lambda i, left: rng.randint(2, paths) if i == 0 else
+                                  max(2, min(left, paths)), first_move)
+    return _verification_trace(problem, rng, schema, lambda: rng.randint(2, min(paths, len(CHECKS))))
+
+
+def _exploration_trace(problem: Problem, rng: random.Random, schema: TagSchema, size, distinct) -> str:
+    """Blocks of attempts (`_exploration_rounds`: round sizes by `size`, no two alike by
+    `distinct`), each summed up by `_summary`, then the answer; a schema with plans names each
+    route by its first move."""
+    target = problem.extra["target"]
+    blocks = [_block(schema, [first_move(r) for r in routes_] if schema.planned else None,
+                     [attempt_text(r, target) for r in routes_], _summary(routes_, target))
+              for routes_ in _exploration_rounds(problem, rng, size, distinct)]
+    return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
+
+
+def _verification_trace(problem: Problem, rng: random.Random, schema: TagSchema, count) -> str:
+    """The sequential teacher's attempts, then one block of `count()` CHECKS of the answer (drawn
+    after the attempts), summed up by its expression, then the answer; a schema with plans names
+    each check."""
+    tried, right = _sequential_attempts(problem, rng), _right_route(problem)
+    names = _pick_checks(rng, count())
+    block = _block(schema, names if schema.planned else None, [CHECKS[name](right, problem) for name in names],
+                   right.expression)
+    lines = [attempt_text(r, problem.extra["target"]) for r in tried] + [block]
+    return "\n".join(lines) + f"\n{FINAL} {right.expression}"
+
+
+def _draw_kind(rng: random.Random, kind: str | None) -> str:
+    if kind is None:
+        return "verification" if rng.random() < VERIFICATION_SHARE else "exploration"
+    if kind not in TRACE_KINDS:
+        raise ValueError(f"unknown parallel trace kind {kind!r}: use one of {', '.join(TRACE_KINDS)}")
+    return kind
+
+
+def _summary(routes_: list[Route], target: int) -> str:
+    """What a block of attempts sums up to: the expression of the route that checks out, or "no"."""
+    return next((r.expression for r in routes_ if r.value == target), "no")
+
+
+def _block(t: TagSchema, plans: list[str] | None, branches: list[str], summary: str) -> str:
+    """One block in `t`'s tags: plans (a schema with plans) and branches, each opening with its label."""
+    head = t.block_open
+    if t.planned:
+        head += "".join(f"{t.plan_open}{t.label(k)}{plan}{t.plan_close}" for k, plan in enumerate(plans)) + t.plans_close
+    body = "".join(f"{t.path_open}{t.label(k)}{branch}{t.path_close}" for k, branch in enumerate(branches))
+    return f"{head}{body}{t.block_close or ''}{t.summary_open}{summary}{t.summary_close}"  # NPR's round has no closing tag
+
+
+def _check_parallel_problem(problem: Problem) -> None:
+    if problem.extra["level"] != "easy":
+        raise ValueError(f"the teacher writes parallel traces for easy problems only, not {problem.extra['level']!r}")
