@@ -2,20 +2,23 @@
 
 GRPO and SFT both call `trace_logprobs`: sequences (prompt + response) are right-padded into a
 batch, `layout.build_layout` gives the structured or causal mask and positions (prompt read as
-plain text, exactly as the sampler prefilled it), the model runs without its LM head, and the
-policy's log-prob of every next token that carries a weight comes from the final hidden states
-through `head.head_logprobs`, chunk by chunk, never the full [B, T, V] logits: the policy of
-`policy.policy_scores` (temperature, real vocabulary), the same numbers the sampler recorded,
-because the sampler was handed the same `Policy`. Also the entropy of the policy at each of those
-positions (the real one, -sum p log p over the vocabulary, not the mean -log p of the chosen tokens).
+plain text, exactly as the sampler prefilled it), the model runs, and the policy's log-prob of
+every next token that carries a weight is read from its logits: `policy.logprobs` (temperature,
+real vocabulary), the same numbers the sampler recorded, because the sampler was handed the same
+`Policy`. Also the entropy of the policy at each of those positions (the real one, -sum p log p
+over the vocabulary, not the mean -log p of the chosen tokens).
 
     sequence   p0 p1 p2 | r0 r1 r2          (| = end of prompt)
     targets       p1 p2 | r0 r1 r2          position t predicts token t + 1
     mask           0  0 | m0 m1 m2          m = 1 where the token was sampled (GRPO) / is response (SFT)
 
-Positions of weight 0 (prompt, padding, inserted tags) are not read: their log-prob is 0. A batch
-goes through in micro-batches (`micro_batches`): a number of rows, or rows sorted by length and
-packed under a token budget. Not here: losses (grpo.py, sft.py), optimisers.
+Two reads of the LM head, the same numbers: "plain" (the full logits, log_softmax, gather: read
+this one) and "chunked" (head.py: the head applied a chunk of positions at a time, never the
+full [B, T, V] logits, for a real vocabulary); "auto" takes the chunked one from
+CHUNKED_HEAD_FROM_VOCAB rows. Positions of weight 0 (prompt, padding, inserted tags) are not
+read: their log-prob is 0. A batch goes through in micro-batches (`micro_batches`): a number of
+rows, or rows sorted by length and packed under a token budget. Not here: losses (grpo.py,
+sft.py), optimisers.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ from . import NanoparError
 from .head import decoder_and_head, head_logprobs
 from .layout import build_layout, mask_dtype
 from .policy import Policy
+
+HEAD_READS = ("plain", "chunked", "auto")
+# "auto" reads the head chunk by chunk from this many vocabulary rows: bench/head_read.py measures
+# where the chunked read starts to save memory and time (bench/README.md); the toy's ~130 rows get
+# the plain read, Qwen's 151,936 the chunked one
+CHUNKED_HEAD_FROM_VOCAB = 32_768
 
 
 @dataclass
@@ -96,16 +105,46 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
                       logged.to(device) if recorded is not None else None)
 
 
-def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False, chunk: int | None = None):
-    """Log-probs under the policy of each next token that carries a weight (0 elsewhere), read
-    `chunk` positions at a time (head.py). -> ([B, T-1] float32, entropy [B, T-1] or None)"""
+def head_read_for(head_read: str, vocab_size: int) -> str:
+    """The read `head_read` names for a policy of `vocab_size` rows: "plain" or "chunked"."""
+    if head_read not in HEAD_READS:
+        raise NanoparError(f"unknown head read {head_read!r}: use one of {', '.join(HEAD_READS)}")
+    if head_read == "auto":
+        return "chunked" if vocab_size >= CHUNKED_HEAD_FROM_VOCAB else "plain"
+    return head_read
+
+
+def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool = False, chunk: int | None = None,
+                   head_read: str = "auto"):
+    """Log-probs under the policy of each next token that carries a weight (0 elsewhere), and
+    (`with_entropy`, no gradient) the policy's entropy there. `head_read`: "plain", "chunked"
+    (`chunk` positions at a time, head.py) or "auto". -> ([B, T-1] float32, entropy [B, T-1] or None)"""
+    read = head_read_for(head_read, policy.vocab_size or model.config.vocab_size)
     layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
                           dtype=mask_dtype(model), path_stride=policy.path_stride)
+    where = batch.target_mask > 0  # [B, T-1] the positions a loss or a metric reads
+    targets = batch.input_ids[:, 1:]  # [B, T-1] the token each position predicts
+    if read == "chunked":
+        return _chunked_read(model, batch, layout, policy, where, targets, with_entropy, chunk)
+    logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
+                   position_ids=layout.position_ids, use_cache=False).logits[:, :-1]  # [B, T-1, V]
+    logprobs = policy.logprobs(logits)  # [B, T-1, V'] float32, V' = the real vocabulary
+    chosen = logprobs.gather(-1, targets[..., None]).squeeze(-1).masked_fill(~where, 0.0)  # [B, T-1]
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logprobs.exp() * logprobs).sum(-1).masked_fill(~where, 0.0)  # [B, T-1]
+    return chosen, entropy
+
+
+def _chunked_read(model, batch: TokenBatch, layout, policy: Policy, where, targets, with_entropy: bool,
+                  chunk: int | None):
+    """trace_logprobs' numbers from the decoder's final hidden states, the head applied to the
+    positions read only, `chunk` at a time (head.py)."""
     decoder, head = decoder_and_head(model)
     hidden = decoder(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
                      position_ids=layout.position_ids, use_cache=False).last_hidden_state  # [B, T, d]
-    where = batch.target_mask > 0  # [B, T-1] the positions a loss or a metric reads
-    chosen, entropy = head_logprobs(hidden[:, :-1][where], batch.input_ids[:, 1:][where], head, policy.temperature,
+    chosen, entropy = head_logprobs(hidden[:, :-1][where], targets[where], head, policy.temperature,
                                     policy.vocab_size, with_entropy, chunk)  # [n] each
     spread = lambda values: torch.zeros(where.shape, device=where.device).masked_scatter(where, values)  # [B, T-1]
     return spread(chosen), None if entropy is None else spread(entropy)

@@ -36,7 +36,7 @@ import torch
 
 from . import NanoparError
 from .data import Problem
-from .forward import TokenBatch, make_batch, micro_batches, trace_logprobs
+from .forward import TokenBatch, head_read_for, make_batch, micro_batches, trace_logprobs
 from .metrics import rollout_metrics
 from .optim import apply_gradients
 from .policy import Policy
@@ -56,6 +56,10 @@ class GRPOSettings:
     micro_batch: int = 8  # rows per forward/backward (gradient accumulation over them)
     micro_batch_tokens: int = 0  # instead: rows sorted by length, packed so that rows x longest row <= this (0 = off)
     max_grad_norm: float = 1.0  # clip the gradient norm to this (0 = no clipping)
+    head_read: str = "auto"  # training read of the LM head: "plain" (log_softmax of full logits), "chunked" (head.py), "auto" (chunked from a large vocabulary)
+
+    def __post_init__(self):
+        head_read_for(self.head_read, 0)  # a clear error now for an unknown read, not at the first update
 
 
 def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: list[list[int]], policy: Policy,
@@ -191,18 +195,20 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
     groups = micro_batches(batch.lengths(), settings.micro_batch, settings.micro_batch_tokens)
     micros = [batch.rows(rows) for rows in groups]
     model.train()
+    read = lambda micro: trace_logprobs(model, micro, policy, head_read=settings.head_read)[0]  # [b, T-1] no entropy
     with torch.no_grad():  # pi_old (only off-policy: on-policy it is the training read) and the reference, once
-        old = [trace_logprobs(model, micro, policy)[0] for micro in micros] if settings.updates > 1 else None
+        old = [read(micro) for micro in micros] if settings.updates > 1 else None
         ref = None
         if reference is not None and settings.kl_beta > 0:
             with reference.active():
-                ref = [trace_logprobs(model, micro, policy)[0] for micro in micros]
+                ref = [read(micro) for micro in micros]
     metrics, gap = {}, 0.0
     for update in range(settings.updates):
         optimizer.zero_grad(set_to_none=True)
         loss_sum, entropy_sum = 0.0, 0.0
         for j, (rows, micro) in enumerate(zip(groups, micros)):
-            new, entropy = trace_logprobs(model, micro, policy, with_entropy=True)  # [b, T-1] each
+            new, entropy = trace_logprobs(model, micro, policy, with_entropy=True,  # [b, T-1] each
+                                           head_read=settings.head_read)
             before = new.detach() if old is None else old[j]  # [b, T-1] pi_old
             loss = policy_loss(new, before, advantages[rows], micro.target_mask, total, settings.clip,
                                None if ref is None else ref[j], settings.kl_beta)

@@ -1,6 +1,7 @@
 """The LM head read chunk by chunk: each chosen token's log-prob without the full logits.
 
-A training read needs one number per position, the policy's log-prob of the token that follows
+The optimisation beside forward.py's plain read, which it must equal (tests/test_head.py). A
+training read needs one number per position, the policy's log-prob of the token that follows
 (and, where it is logged, the entropy). Taking them from the model's full logits keeps a
 [B, T, V] tensor alive, with its float32 log-softmax and their gradients: on Qwen's 151,936-row
 vocabulary 0.6 GB each per 1,000 positions. Here the model runs without its head
@@ -19,7 +20,7 @@ are inputs of the autograd Function and get their gradients by autograd over eac
 chunk; the random state is replayed, so a head with dropout draws the same masks again.
 The policy is `policy.policy_scores`'s: logits / T over the real vocabulary, T = 0 read at 1.
 
-Not here: the layout and the batch (forward.py), losses. Not covered: models whose forward does
+Not here: the layout, the batch and the plain read (forward.py), losses. Not covered: models whose forward does
 more to the logits than the head (Gemma's softcapping: refused), peft's prompt-learning methods.
 """
 

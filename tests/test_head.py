@@ -1,7 +1,8 @@
-"""The chunked training read (head.py, forward.trace_logprobs) against the full-logits read it
-replaced (conftest.full_trace_logprobs): log-probs, entropy, loss and every gradient, on Qwen's
-real 151,936-row vocabulary (cut to the policy's), structured and causal, through grpo_update and
-sft_step, and with LoRA + trainable tag rows on a tied and an untied head."""
+"""The two training reads of forward.trace_logprobs: the plain one (full logits, log_softmax,
+gather) against a hand computation, and the chunked one (head.py) against the plain one:
+log-probs, entropy, loss and every gradient, on Qwen's real 151,936-row vocabulary (cut to the
+policy's), structured and causal, through grpo_update and sft_step, and with LoRA + trainable tag
+rows on a tied and an untied head; "auto" picks each by the vocabulary's size."""
 
 import copy
 
@@ -10,9 +11,9 @@ import torch
 
 import nanopar.grpo
 import nanopar.sft
-from conftest import PAD, full_trace_logprobs, load_char_model, text_rollout
+from conftest import PAD, load_char_model, text_rollout
 from nanopar import NanoparError
-from nanopar.forward import make_batch, trace_logprobs
+from nanopar.forward import CHUNKED_HEAD_FROM_VOCAB, head_read_for, make_batch, trace_logprobs
 from nanopar.grpo import GRPOSettings, Reference, grpo_update
 from nanopar.head import head_logprobs
 from nanopar.model import ModelSettings, load_model
@@ -54,8 +55,49 @@ def trainable_grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
 
 
+def test_the_plain_read_is_the_policy_log_prob_of_each_next_token():
+    """By hand, one row at a time, unpadded: the model's logits at position t, cut to the real
+    vocabulary and divided by T; log-prob of token t + 1 = its score - logsumexp, entropy =
+    -sum p log p in float64. Padded and weight-0 positions read 0 (causal: the plain forward)."""
+    torch.manual_seed(0)
+    model = tiny_qwen_model(vocab_size=300).eval()
+    tags, vocab, T = TagIds(*range(250, 256)), 256, 0.7  # 44 padded rows beyond the policy's vocabulary
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    replies = [[20, 250, 252, 21, 253, 251, 254, 22, 255], [30, 31], [40, 41, 42, 43, 44]]
+    weights = [[1.0] * 9, [1.0, 0.0], [0.0, 1.0, 1.0, 0.0, 1.0]]
+    batch = make_batch(prompts, replies, weights, PAD)
+    with torch.no_grad():
+        got, entropy = trace_logprobs(model, batch, Policy(tags, "causal", T, vocab), with_entropy=True,
+                                      head_read="plain")  # [B, T-1] each
+    want, want_entropy = torch.zeros_like(got), torch.zeros_like(got)
+    for i, (prompt, reply) in enumerate(zip(prompts, replies)):
+        ids = prompt + reply
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].double()  # [n, 300]
+        for j, w in enumerate(weights[i]):
+            t = len(prompt) - 1 + j  # position t predicts ids[t + 1] = reply[j]
+            if w:
+                scores = logits[t, :vocab] / T  # [256]
+                logp = scores - torch.logsumexp(scores, -1)
+                want[i, t], want_entropy[i, t] = logp[reply[j]], -(logp.exp() * logp).sum()
+    close(got, want)
+    close(entropy, want_entropy)
+    assert (got[batch.target_mask == 0] == 0).all() and (got[batch.target_mask > 0] < 0).all()
+
+
+def test_auto_reads_a_small_vocabulary_plainly_and_a_real_one_chunk_by_chunk():
+    assert head_read_for("auto", 130) == "plain" and head_read_for("auto", REAL) == "chunked"
+    assert head_read_for("auto", CHUNKED_HEAD_FROM_VOCAB - 1) == "plain"
+    assert head_read_for("plain", REAL) == "plain" and head_read_for("chunked", 130) == "chunked"
+    for make in (lambda: head_read_for("full", 130), lambda: GRPOSettings(head_read="full"),
+                 lambda: sft_step(None, None, [[1]], [[2]], Policy(QWEN_TAGS), PAD, head_read="full")):
+        with pytest.raises(NanoparError, match="unknown head read 'full': use one of plain, chunked, auto") as error:
+            make()
+        assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize("mode, temperature", [("structured", 1.0), ("structured", 0.7), ("causal", 0.0)])
-def test_chunked_read_equals_the_full_logits_read(real_vocab_model, mode, temperature):
+def test_chunked_read_equals_the_plain_read(real_vocab_model, mode, temperature):
     """Log-probs, entropy and the gradient of every parameter, at several chunk sizes (1 position,
     a size that does not divide the positions, all in one); T = 0 reads at T = 1."""
     model = real_vocab_model.train()
@@ -71,22 +113,16 @@ def test_chunked_read_equals_the_full_logits_read(real_vocab_model, mode, temper
         (logprobs * scale).sum().backward()
         return logprobs[where], entropy[where], trainable_grads(model)
 
-    want_logprobs, want_entropy, want_grads = read(full_trace_logprobs)
+    want_logprobs, want_entropy, want_grads = read(trace_logprobs, head_read="plain")
     assert len(want_grads) == len(list(model.parameters()))
     for chunk in (1, 7, None):
-        logprobs, entropy, grads = read(trace_logprobs, chunk=chunk)
+        logprobs, entropy, grads = read(trace_logprobs, chunk=chunk, head_read="chunked")
         close(logprobs, want_logprobs)
         close(entropy, want_entropy)
         assert grads.keys() == want_grads.keys()
         for name, grad in grads.items():
             close(grad, want_grads[name])
     assert (want_entropy > 0).all() and where.sum() > 40
-
-
-def full_read_everywhere(monkeypatch):
-    """grpo_update and sft_step with the full-logits read in place of the chunked one."""
-    monkeypatch.setattr(nanopar.grpo, "trace_logprobs", full_trace_logprobs)
-    monkeypatch.setattr(nanopar.sft, "trace_logprobs", full_trace_logprobs)
 
 
 def capture_gradients(monkeypatch, into: list):
@@ -103,7 +139,7 @@ def capture_gradients(monkeypatch, into: list):
 
 @pytest.mark.parametrize("mode", ["structured", "causal"])
 @pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "updates=2,kl"])
-def test_grpo_update_equals_the_full_logits_path(real_vocab_model, mode, off_policy, monkeypatch):
+def test_grpo_update_is_the_same_with_either_read(real_vocab_model, mode, off_policy, monkeypatch):
     """Loss, entropy, logprob gap and the gradient of every optimiser step; off-policy with a KL
     reference too (pi_old and the reference read without grad, then the second update's read)."""
     prompts, replies, weights = responses()
@@ -112,10 +148,11 @@ def test_grpo_update_equals_the_full_logits_path(real_vocab_model, mode, off_pol
         rollout.sampled = [bool(x) for x in w]
         rollout.logprobs = [-12.0] * len(w)  # as if recorded by a sampler: the gap is the same on both paths
     policy = Policy(QWEN_TAGS, mode, 0.8, WORDS + 6)
-    settings = GRPOSettings(micro_batch=3, updates=2 if off_policy else 1, kl_beta=0.1 if off_policy else 0.0)
     advantages = torch.tensor([1.0, -0.5, 0.25, -0.75])
     runs = []
-    for full in (False, True):
+    for head_read in ("chunked", "plain"):
+        settings = GRPOSettings(micro_batch=3, updates=2 if off_policy else 1, kl_beta=0.1 if off_policy else 0.0,
+                                head_read=head_read)
         model = copy.deepcopy(real_vocab_model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         reference = Reference(model) if off_policy else None
@@ -125,8 +162,6 @@ def test_grpo_update_equals_the_full_logits_path(real_vocab_model, mode, off_pol
         grads = []
         with monkeypatch.context() as patch:
             capture_gradients(patch, grads)
-            if full:
-                full_read_everywhere(patch)
             metrics = grpo_update(model, optimizer, rollouts, advantages, policy, settings, PAD, reference)
         runs.append((metrics, grads))
     (metrics, grads), (want, want_grads) = runs
@@ -139,18 +174,16 @@ def test_grpo_update_equals_the_full_logits_path(real_vocab_model, mode, off_pol
 
 
 @pytest.mark.parametrize("mode", ["structured", "causal"])
-def test_sft_step_equals_the_full_logits_path(real_vocab_model, mode, monkeypatch):
+def test_sft_step_is_the_same_with_either_read(real_vocab_model, mode, monkeypatch):
     prompts, replies, _ = responses(seed=2)
     runs = []
-    for full in (False, True):
+    for head_read in ("chunked", "plain"):
         model = copy.deepcopy(real_vocab_model)
         grads = []
         with monkeypatch.context() as patch:
             capture_gradients(patch, grads)
-            if full:
-                full_read_everywhere(patch)
             metrics = sft_step(model, torch.optim.SGD(model.parameters(), lr=0.05), prompts, replies,
-                               Policy(QWEN_TAGS, mode, 0.5, WORDS + 6), PAD, micro_batch=3)
+                               Policy(QWEN_TAGS, mode, 0.5, WORDS + 6), PAD, micro_batch=3, head_read=head_read)
         runs.append((metrics, grads[0]))
     (metrics, grads), (want, want_grads) = runs
     assert metrics["loss"] == pytest.approx(want["loss"], rel=RTOL) and metrics["tokens"] == want["tokens"]
@@ -161,7 +194,7 @@ def test_sft_step_equals_the_full_logits_path(real_vocab_model, mode, monkeypatc
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_lora_head_with_trainable_tag_rows_gets_its_gradients(tied, tmp_path):
     """The head is peft's TrainableTokensWrapper (tied: sharing the embedding's [6, d] tag rows;
-    untied: its own): its rows get the gradient of the full read, LoRA too."""
+    untied: its own): its rows get the gradient of the plain read, LoRA too."""
     if tied:
         model, tokenizer = load_char_model(tmp_path, lora=True)
     else:
@@ -178,15 +211,15 @@ def test_a_lora_head_with_trainable_tag_rows_gets_its_gradients(tied, tmp_path):
     ids = [tokenizer.encode(t, add_special_tokens=False) for t in text]
     batch = make_batch([i[:2] for i in ids], [i[2:] for i in ids], [[1.0] * len(i[2:]) for i in ids], PAD)
     got = {}
-    for name, fn in (("chunked", trace_logprobs), ("full", full_trace_logprobs)):
+    for name in ("chunked", "plain"):
         model.train().zero_grad(set_to_none=True)
-        logprobs, _ = fn(model, batch, policy)
+        logprobs, _ = trace_logprobs(model, batch, policy, head_read=name)
         (logprobs * batch.target_mask).sum().backward()
         got[name] = trainable_grads(model)
-    rows = [n for n in got["full"] if "trainable_tokens_delta" in n]
+    rows = [n for n in got["plain"] if "trainable_tokens_delta" in n]
     assert len(rows) == (1 if tied else 2) and any("lm_head" in n for n in rows) != tied
-    assert got["chunked"].keys() == got["full"].keys() and len(got["full"]) > len(rows)
-    for name, grad in got["full"].items():
+    assert got["chunked"].keys() == got["plain"].keys() and len(got["plain"]) > len(rows)
+    for name, grad in got["plain"].items():
         assert grad.abs().sum() > 0, name
         close(got["chunked"][name], grad)
 
@@ -204,7 +237,7 @@ def test_a_head_with_dropout_draws_the_same_masks_in_the_recompute():
         torch.manual_seed(1)
         hidden.grad = None
         head.zero_grad()
-        if chunked:  # one chunk: the forward draws the same mask as the full read below
+        if chunked:  # one chunk: the forward draws the same mask as the plain read below
             logprobs, _ = head_logprobs(hidden, targets, head, 1.0, 290, chunk=10)
         else:
             logprobs = policy_logprobs(head(hidden), 1.0, 290).gather(-1, targets[:, None]).squeeze(-1)

@@ -221,7 +221,6 @@ def test_4bit_lora_chunked_read_gives_the_full_reads_gradients(qwen_folders):
     """The training read runs a peft model's base decoder (4-bit layers, LoRA inside) and applies
     its head (the tied TrainableTokensWrapper) chunk by chunk: every LoRA matrix and the tag rows
     get the gradient of the full-logits read, on Qwen's real vocabulary."""
-    from conftest import full_trace_logprobs
     from nanopar.forward import make_batch, trace_logprobs
     from nanopar.policy import Policy
 
@@ -231,7 +230,8 @@ def test_4bit_lora_chunked_read_gives_the_full_reads_gradients(qwen_folders):
     batch = make_batch([ids[:4]], [ids[4:]], [[1.0] * len(ids[4:])], pad_id=0)
     policy = Policy.for_tokenizer(tokenizer, "structured", temperature=0.8)
     grads = {}
-    for name, read in (("chunked", lambda *a: trace_logprobs(*a, chunk=5)), ("full", full_trace_logprobs)):
+    for name, read in (("chunked", lambda *a: trace_logprobs(*a, chunk=5, head_read="chunked")),
+                       ("full", lambda *a: trace_logprobs(*a, head_read="plain"))):
         model.train().zero_grad(set_to_none=True)
         logprobs, _ = read(model, batch, policy)
         (logprobs * batch.target_mask).sum().backward()
