@@ -274,18 +274,25 @@ def test_every_stage_of_each_recipe_asks_a_real_model_for_a_boxed_answer(recipe,
     """Real data (the stages prompt as `Runner.prompt` does: the stage's data source words the
     instructions): every stage, baseline and cold start included, asks for the boxed answer. The
     toy keeps its own prompts: its marker or nothing, never English its model cannot read."""
-    from nanopar.curriculum import TrainConfig, recipe as stages_of, run_schema
+    from nanopar.curriculum import TrainConfig, recipe as stages_of
+    from nanopar.defaults import resolve
+    from nanopar.tags import schema_named
 
-    real = TrainConfig(recipe=recipe, instructions=flag, baseline=True, model="Qwen/Qwen2.5-1.5B-Instruct",
-                       easy_data="gsm8k_train", hard_data="math500", sft_data="", pretrain_data="auto")
+    def resolved(**flags) -> TrainConfig:  # as train.py resolves a command line that gives these flags
+        config = TrainConfig(**flags)
+        resolve(config, ["--" + name.replace("_", "-") for name in flags])
+        return config
+
+    real = resolved(recipe=recipe, instructions=flag, baseline=True, model="Qwen/Qwen2.5-1.5B-Instruct",
+                    easy_data="gsm8k_train", hard_data="math500", sft_data="", pretrain_data="auto")
     stages = stages_of(real)
     assert {s.name for s in stages} >= {"rl-hard" if recipe == "parallel-r1" else "parallel-rl", "baseline-rl-easy"}
     for stage in stages:
-        text = instructions_named(stage.instructions, stage.data or stage.traces, run_schema(real))
+        text = instructions_named(stage.instructions, stage.data or stage.traces, schema_named(real.schema))
         assert read_answer(does_what_it_asks(text)) == Reading("42", "boxed"), stage.name
-    toy = TrainConfig(recipe=recipe, instructions=flag, baseline=True)
+    toy = resolved(recipe=recipe, instructions=flag, baseline=True)
     for stage in stages_of(toy):
-        text = instructions_named(stage.instructions, stage.data or stage.traces, run_schema(toy))
+        text = instructions_named(stage.instructions, stage.data or stage.traces, schema_named(toy.schema))
         assert text in ("", "in parallel"), stage.name
 
 
