@@ -16,20 +16,17 @@ so a stage is trained once and shared, never retrained:
     unseen-disjoint     structured  yes      accuracy            disjoint   unseen's pretrain (its own sft)
 
 and three tables, one per ablation, each column an arm's last stage (rl-hard) as train.py's
-table shows a stage (`show.stage_table`: held-out accuracy on easy and hard, parallel ratio,
+table shows a stage (`nanopar.show.stage_table`: held-out accuracy on easy and hard, parallel ratio,
 block position, acceleration, ...), with the paper's numbers beside ours where it gives them:
 (a) the rl-hard reward (unseen, unseen-parallel, unseen-alternating; the paper's parallel ratio
 13.6% / 80.3% / 63.0%), (b) stage-1 RL for Seen and Unseen (the paper: without it Seen loses 2.3
 points of final accuracy; with it Unseen loses 8.6), (c) shared vs disjoint path positions.
 Every run is resumable as any run is (`Runner.run` skips a stage whose `final/` exists, resumes
-one from its last checkpoint, reuses an evaluation whose eval.json matches): killed at any
+one from its last checkpoint; `HeldOut.evaluate` reuses an eval.json whose key matches): killed at any
 moment, the same command continues where it stopped. Every arm is checked (`Runner.validate`)
 before any model loads.
 
-Time on the toy (nothing shortened: the default sizes): 14 stages are trained, 1 pretrain, 3 sft,
-3 rl-easy and 7 rl-hard, and each stage's model evaluated on 300 x 8 held-out samples per set:
-measured 21 minutes on 2 cores with another run beside it (load ~4) at 150 x 8, and the
-re-evaluation of every stage at 300 x 8 took 9 (README): ~26 minutes together.
+Its measured time and results: docs/results.md.
 
 Where it departs from the papers:
 - The alternating schedule is Parallel-R1's 8-of-10 (accuracy for 8 steps, accuracy-and-parallel
@@ -46,7 +43,7 @@ Where it departs from the papers:
 What it leaves out: the NPR recipe, --baseline, --stages; a cold start distilled by the run
 (--sft-data ""): each mode's SFT would distil its own traces, not share them (give ready traces).
 Several seeds: one seed; each table's title gives the largest standard error of its accuracy
-cells (about 1.3 points at the default sizes), and a difference under about two of them is noise.
+cells, and a difference under about two of them is noise.
 """
 
 from __future__ import annotations
@@ -57,13 +54,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from . import NanoparError
-from .config import flags_given
-from .curriculum import TrainConfig, recipe
-from .data import read_jsonl
-from .evaluation import paired_difference
-from .runner import Runner, open_run
-from .show import metric_cell, set_label, stage_table
+from nanopar import NanoparError
+from nanopar.config import flags_given
+from nanopar.curriculum import TrainConfig, recipe
+from nanopar.data import read_jsonl
+from nanopar.evaluation import paired_difference
+from nanopar.heldout import stage_result
+from nanopar.runner import Runner, open_run
+from nanopar.show import metric_cell, set_label, stage_table
 
 
 @dataclass(frozen=True)
@@ -200,13 +198,14 @@ def arm_config(config: TrainConfig, arm: Arm, opened: dict) -> TrainConfig:
     return replace(arm_config, model=str(source_runner.folder(stage) / "final"), skip=",".join(skipped))
 
 
-def run(config: TrainConfig, argv: list[str], console: Console) -> Path:
-    """Check, open every arm, run them in order (finished stages skipped), print the tables."""
+def run(config: TrainConfig, argv: list[str], console: Console, resolved: dict | None = None) -> Path:
+    """Check, open every arm, run them in order (finished stages skipped), print the tables.
+    `resolved`: what `defaults.resolve` changed in the command's config (saved with each arm)."""
     check(config, argv)
     opened = open_arms(config, console)
     console.print(plan(opened))
     for arm, runner, chosen in opened.values():
-        runner.write_config()
+        runner.write_config(resolved)
         console.rule(f"arm {arm.name}: {arm.what}")
         for stage in chosen:
             runner.run(stage)
@@ -236,7 +235,7 @@ def tables(opened: dict) -> list[Table]:
                f"arm) and {c.rl_hard_steps} rl-hard steps. One seed: a few points are noise.")
     out = []
     for ablation in ABLATIONS:
-        columns = [(head, opened[arm][1], opened[arm][1].stages[-1]) for head, arm in ablation.columns]
+        columns = [(head, stage_result(opened[arm][1], opened[arm][1].stages[-1])) for head, arm in ablation.columns]
         out.append(stage_table(ablation.title, columns, extra_rows(ablation, opened),
                                caption=f"{ablation.note}. {caption}"))
     return out
@@ -248,7 +247,7 @@ def extra_rows(ablation: Ablation, opened: dict) -> dict[str, list[str]]:
     arms_ = [arm for _, arm in ablation.columns]
     rows = {}
     if ablation.differences:
-        for spec in opened[arms_[0]][1].eval_sets():
+        for spec in opened[arms_[0]][1].inputs.eval_sets():
             rows[f"{set_label(spec)}: with - without rl-easy"] = [
                 _difference(opened, arm, ablation.differences[arm], spec) if arm in ablation.differences else ""
                 for arm in arms_]
@@ -264,7 +263,7 @@ def _difference(opened: dict, arm: str, other: str, spec: str) -> str:
     """Held-out accuracy of `arm`'s last stage minus `other`'s on one set (their eval.json), with
     the standard error of the per-problem differences (both see the same problems); without it
     when either result predates per-problem accuracies."""
-    with_, without = (opened[a][1].evaluate(opened[a][1].stages[-1])[spec] for a in (arm, other))
+    with_, without = (opened[a][1].heldout.evaluate(opened[a][1].stages[-1])[spec] for a in (arm, other))
     paired = paired_difference(without, with_)
     if paired is None:
         return _points(with_["accuracy"] - without["accuracy"])

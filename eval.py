@@ -47,10 +47,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from nanopar import NanoparError
-from nanopar.checkpoint import checkpoint_schema
-from nanopar.config import parse_config, save_config
+from nanopar.config import ScriptConfig, parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
-from nanopar.defaults import TOY_SAMPLING, apply_model_defaults
+from nanopar.defaults import real_defaults, resolve
 from nanopar.evaluation import (decode_rate, evaluate, forked, paired_difference, rescore, reward_report, speedup,
                                 summarize)
 from nanopar.model import ModelSettings, load_model
@@ -59,12 +58,15 @@ from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec
 from nanopar.sampler import SamplerSettings
 from nanopar.show import METRIC_ROWS, metric_cell, progress
+from nanopar.tags import schema_named
 
 TOY_RUN_MODEL = "runs/default/4-rl-hard/final"  # what `python train.py` leaves
 
 
 @dataclass
-class EvalConfig(SamplerSettings):
+class EvalConfig(ScriptConfig):
+    """eval.py's flags; the model, tags, attention and every sampler knob come from ScriptConfig."""
+
     # what to evaluate
     model: str = TOY_RUN_MODEL  # hub id, local folder, .gguf file (converted once), nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
     benchmarks: str = "toy:easy:heldout,toy:hard:heldout"  # comma list: gsm8k, math500, aime24, aime25, amc23, .jsonl, hub name, toy:...
@@ -72,23 +74,11 @@ class EvalConfig(SamplerSettings):
     answer_field: str = ""  # gold answer field ("" = answer)
     split: str = "test"  # split of hub data sets
     limit: int = 0  # only the first N problems of each benchmark (0 = all)
-    load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
-    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
-    device: str = "auto"  # cpu / cuda / auto
-    # how to sample (every SamplerSettings knob is a flag; these defaults are train.py's toy ones)
-    schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the checkpoint's, else parallel-r1
-    mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
-    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
-    temperature: float = 1.0  # sampling temperature (0 = greedy)
+    # how to sample (and every flag of ScriptConfig: --temperature, --paths, --max-new-tokens, ...)
     samples: int = 4  # k: responses per problem (mean@k, pass@k)
     pass_k: int = 0  # k of pass@k (0 = --samples)
-    instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own (the toy: its marker or nothing)
-    chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
-    batch_size: int = 32  # problems per sampler call
-    paths: int = TOY_SAMPLING["paths"]  # K: paths per parallel block (the toy teacher writes 3); real model: 2
-    max_new_tokens: int = TOY_SAMPLING["max_new_tokens"]  # sampled tokens per response, over all branches; real model: 1024
-    max_path_tokens: int = TOY_SAMPLING["max_path_tokens"]  # sampled tokens per path; real model: 512
-    seed: int | None = 0  # sampler call b of each benchmark is seeded with seed + b
+    instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own
+    batch_size: int = 32  # problems per sampler call (call b of each benchmark is seeded with --seed + b)
     speedup_batches: int = 1  # sampler calls per benchmark decoded again with and without forking, for the speedup (0 = off)
     speedup_repeats: int = 2  # timed rounds of that pair, taking turns; the best of each counts
     out: str = "runs/eval"  # folder for config.json, samples.jsonl, summary.json
@@ -101,8 +91,7 @@ class EvalConfig(SamplerSettings):
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    config = parse_config(EvalConfig, argv, description=__doc__.split("\n")[0])
-    apply_model_defaults(config, argv)  # a real model's budgets and K, as train.py and sample.py
+    config = parse_config(EvalConfig, argv, description=__doc__.split("\n")[0], real_defaults=real_defaults())
     console = Console()
     if config.compare:
         return compare(config.compare, console)
@@ -110,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
         console.print(f"rewards from {config.reward_file}: {', '.join(load_reward_file(config.reward_file))}")
     if config.rescore:
         return rescore_file(config.rescore, config.reward, console)
+    resolve(config, argv)  # a real model's budgets and K, the checkpoint's schema
     return run(config, console)
 
 
@@ -120,7 +110,7 @@ def run(config: EvalConfig, console: Console) -> dict:
     settings = SamplerSettings.from_flags(config)
     settings.check()  # everything that can be wrong fails before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    schema = checkpoint_schema(config.schema, config.model)
+    schema = schema_named(config.schema)
     instructions_named(config.instructions)  # a known name, checked before the model loads
     if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0 or config.speedup_repeats < 1:
         raise NanoparError("--samples, --batch-size and --speedup-repeats must be >= 1, --speedup-batches >= 0")

@@ -21,50 +21,39 @@ from pathlib import Path
 from rich.console import Console
 
 from nanopar import NanoparError
-from nanopar.checkpoint import checkpoint_schema
-from nanopar.config import parse_config
+from nanopar.config import ScriptConfig, parse_config
 from nanopar.data import load_problems
-from nanopar.defaults import TOY_SAMPLING, apply_model_defaults
+from nanopar.defaults import real_defaults, resolve
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, instructions_named, stop_ids
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.show import rollout_record, trace_tree
+from nanopar.tags import schema_named
 
 
 @dataclass
-class SampleConfig(SamplerSettings):
+class SampleConfig(ScriptConfig):
+    """sample.py's flags; the model, tags, attention and every sampler knob come from ScriptConfig."""
+
     model: str = ""  # hub id, local model folder, .gguf file (converted once), or nanopar checkpoint folder (required)
     prompt: str = ""  # one prompt (or use --prompts-file)
     prompts_file: str = ""  # .txt (one per line), .jsonl (question/problem/prompt) or a benchmark name
     samples: int = 1  # responses per prompt
-    instructions: str = "none"  # put before the question: "parallel" (tag instructions), "plain", "none"
-    chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     system: str = ""  # system message for the chat template ("" = the template's default)
-    schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the checkpoint's, else parallel-r1
-    mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
-    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
-    temperature: float = 1.0  # 0 = greedy
-    paths: int = TOY_SAMPLING["paths"]  # K: paths per parallel block (the toy teacher writes 3); real model: 2
-    max_new_tokens: int = TOY_SAMPLING["max_new_tokens"]  # sampled tokens per response, over all branches; real model: 1024
-    max_path_tokens: int = TOY_SAMPLING["max_path_tokens"]  # sampled tokens per path; real model: 512
-    load_in_4bit: bool = False  # quantise the base model to NF4 (bitsandbytes)
-    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
-    device: str = "auto"  # cpu / cuda / auto
     json: str = ""  # write machine-readable results here ("-" = stdout, no trees)
-    seed: int | None = 0  # seeds the draws
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
-    config = parse_config(SampleConfig, argv, description=__doc__.split("\n")[0])
-    apply_model_defaults(config, argv)  # a real model's budgets and K, as eval.py and train.py
+    config = parse_config(SampleConfig, argv, description=__doc__.split("\n")[0], real_defaults=real_defaults())
     if not config.model:
         raise NanoparError("--model is required (hub id, local folder or nanopar checkpoint)")
+    resolve(config, argv)  # a real model's budgets and K, the checkpoint's schema
     settings = SamplerSettings.from_flags(config)
     settings.check()  # before the (slow) model load
     Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    schema = checkpoint_schema(config.schema, config.model)
+    schema = schema_named(config.schema)
     instructions = instructions_named(config.instructions, config.prompts_file, schema)  # a source may word them (toy:)
     from_file = [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
     if config.prompts_file and not from_file:

@@ -1,23 +1,23 @@
 """Train a model to think in parallel: the Parallel-R1 or NPR curriculum, stage by stage.
 
-    python train.py                                    # the toy world on a CPU, ~7 minutes (see TrainConfig)
+    python train.py                                    # the toy world on a CPU (see TrainConfig)
     python train.py --baseline                         # + accuracy-only GRPO from the same base
     python train.py --preset long                      # the longer toy run (PRESETS)
     python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit   # a real model: its defaults
     python train.py --model path/to/model --stages rl-easy --skip sft  # GRPO alone, on your model
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
     python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
-    python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (~26 min)
+    python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (ablations.py)
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
 with the shared layout, checkpoints every --checkpoint-every steps and on Ctrl-C; running the
-same command again resumes. A model that is not built from code (a hub id, a folder, a .gguf
-file) gets a real model's defaults for every flag not given (nanopar/defaults.py: no pretraining,
-GSM8K then DAPO, the parallel prompt, LoRA, budgets for real answers). Metrics go to <out>/metrics.jsonl, one line per step. After each
-training stage its model is evaluated on --eval-data (<stage>/eval.json), and the run ends with
-a table of every stage side by side. What it leaves out: multi-GPU, vLLM, the full benchmark
-report with pass@k and speedup (eval.py).
+same command again resumes. `defaults.resolve` applies the preset, a real model's defaults (a
+model not built from code: no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, budgets for
+real answers) and the "auto" placeholders, and says what it changed. Metrics go to
+<out>/metrics.jsonl, one line per step. After each training stage its model is evaluated on
+--eval-data (<stage>/eval.json), and the run ends with a table of every stage side by side.
+What it leaves out: multi-GPU, vLLM, the full benchmark report with pass@k and speedup (eval.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from nanopar import NanoparError, ablations
-from nanopar.config import flags_given, parse_config
+import ablations
+from nanopar import NanoparError
+from nanopar.config import parse_config
 from nanopar.curriculum import TrainConfig
-from nanopar.defaults import apply_model_defaults
+from nanopar.defaults import real_defaults, resolve
+from nanopar.heldout import stage_result
 from nanopar.metrics import plot_metrics
 from nanopar.rewards import load_reward_file
 from nanopar.runner import Runner, open_run
@@ -44,7 +46,7 @@ def summary(runner: Runner, stages) -> Table:
     c = runner.config
     return stage_table(f"{runner.out}: held-out results after each stage (first {c.eval_problems} problems of each "
                        f"set, {c.eval_samples} samples at T = {c.temperature:g})",
-                       [(stage.name, runner, stage) for stage in stages])
+                       [(stage.name, stage_result(runner, stage)) for stage in stages])
 
 
 PRESETS = {  # name -> the TrainConfig fields it changes
@@ -54,27 +56,20 @@ PRESETS = {  # name -> the TrainConfig fields it changes
 }
 
 
-def apply_preset(config: TrainConfig, argv: list[str]) -> TrainConfig:
-    """Set the preset's fields, except those given as flags in `argv`."""
-    if not config.preset:
-        return config
-    if config.preset not in PRESETS:
-        raise NanoparError(f"unknown preset {config.preset!r}: use one of {', '.join(PRESETS)}")
-    given = flags_given(argv)
-    for field, value in PRESETS[config.preset].items():
-        if field not in given:
-            setattr(config, field, value)
-    return config
+def resolved_config(argv: list[str]) -> tuple[TrainConfig, dict]:
+    """The config of a command line: its flags, then `defaults.resolve` (preset, model defaults,
+    placeholders). -> (config, {field: value} that resolve changed)"""
+    config = parse_config(TrainConfig, argv, description=__doc__.split("\n")[0], real_defaults=real_defaults(True))
+    return config, resolve(config, argv, PRESETS)
 
 
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
-    config = apply_preset(parse_config(TrainConfig, argv, description=__doc__.split("\n")[0]), argv)
-    real = apply_model_defaults(config, argv, training=True)  # a real model's defaults for the flags not given
+    config, resolved = resolved_config(argv)
     console = Console()
-    if real:
-        console.print(f"[dim]{config.model} is a real model: its defaults for {', '.join(real)} "
-                      "(nanopar/defaults.py; config.json has every value)[/]")
+    if resolved:
+        console.print(f"[dim]defaults resolved: {', '.join(f'{k}={v}' for k, v in resolved.items())} "
+                      "(nanopar/defaults.py; config.json has every value)[/]", highlight=False)
     if config.plot:
         png = plot_metrics(Path(config.plot) / "metrics.jsonl", Path(config.plot) / "metrics.png")
         console.print(f"wrote {png}")
@@ -82,9 +77,9 @@ def main(argv: list[str] | None = None) -> Path:
     if config.reward_file:
         console.print(f"rewards from {config.reward_file}: {', '.join(load_reward_file(config.reward_file))}")
     if config.ablations:  # Parallel-R1's ablations: several runs from one base, then a table per ablation
-        return ablations.run(config, argv, console)
+        return ablations.run(config, argv, console, resolved)
     runner, chosen = open_run(config, console)
-    runner.write_config()
+    runner.write_config(resolved)
     started = time.perf_counter()
     for stage in chosen:
         runner.run(stage)

@@ -1,9 +1,11 @@
-"""Command-line flags generated from a script's @dataclass config, and saving the resolved config.
+"""Command-line flags generated from a script's @dataclass config, the flags the scripts share,
+and saving the resolved config.
 
 Every field becomes `--field-name`, typed from its annotation, with the comment on its line as
-the help text; booleans get `--flag/--no-flag`. A config class may extend another (sample.py's
-extends `SamplerSettings`), so the sampler's knobs are declared once. Not here: nested configs,
-config files (a run's saved config.json is plain JSON: read it, edit it, pass flags).
+the help text; booleans get `--flag/--no-flag`. `ScriptConfig` holds what train.py, eval.py and
+sample.py all take (the model, its tags and attention, and through `SamplerSettings` every
+sampler knob), so each is declared once. Not here: what a default becomes for a real model
+(defaults.py), nested configs, config files (a saved config.json is plain JSON: edit it, pass flags).
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import json
 import re
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
+
+from .sampler import SamplerSettings
 
 
 def field_comments(cls) -> dict[str, str]:
@@ -28,8 +33,26 @@ def field_comments(cls) -> dict[str, str]:
     return comments
 
 
-def parse_config(cls, argv: list[str] | None = None, description: str = ""):
-    """Build an argparse parser from `cls`, parse `argv`, return a `cls` instance."""
+@dataclass
+class ScriptConfig(SamplerSettings):
+    """The flags of train.py, eval.py and sample.py alike (each script's config extends this)."""
+
+    model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
+    load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
+    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
+    device: str = "auto"  # cpu / cuda / auto
+    schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the recipe's (train.py) or the checkpoint's, else parallel-r1
+    mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
+    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
+    temperature: float = 1.0  # sampling temperature, the policy GRPO trains (0 = greedy)
+    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
+    chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    seed: int = 0  # seeds every draw (train.py: also LoRA init and the problem order)
+
+
+def parse_config(cls, argv: list[str] | None = None, description: str = "", real_defaults: dict | None = None):
+    """Build an argparse parser from `cls`, parse `argv`, return a `cls` instance. A field in
+    `real_defaults` (defaults.py) gets "; real model: <value>" after its help text."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = typing.get_type_hints(cls)
     comments = field_comments(cls)
@@ -39,7 +62,10 @@ def parse_config(cls, argv: list[str] | None = None, description: str = ""):
             kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
         flag = "--" + field.name.replace("_", "-")
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        help_text = comments.get(field.name, "").replace("%", "%%")  # argparse %-formats help texts
+        help_text = comments.get(field.name, "")
+        if real_defaults and field.name in real_defaults:
+            help_text += f"; real model: {real_defaults[field.name]!r}"
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help texts
         options = dict(default=default, help=help_text)
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **options)

@@ -7,24 +7,21 @@
 
 A `Stage` is data: its kind (distill: write traces; sft; grpo), problems, steps, reward or
 schedule, traces, learning rate, and which stage's `final/` it starts from (by default the
-previous training stage's). What each stage does and why is the README's "The recipes" table.
-`TrainConfig` is every flag of train.py, one commented field each; it extends `SamplerSettings`
-so the sampler's knobs are declared once. Not here: how a stage runs (runner.py), one GRPO step
-(grpo.py), presets (train.py).
+previous training stage's); every field is set when the recipe builds it. What each stage does
+and why: docs/recipes.md. `TrainConfig` is every flag of train.py, one commented field each.
+Not here: how a stage runs (runner.py), one GRPO step (grpo.py), defaults and presets
+(defaults.py, train.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 from . import NanoparError
-from .data import source_for
-from .defaults import TOY_SAMPLING
-from .sampler import SamplerSettings
-from .tags import TagSchema, schema_named
+from .config import ScriptConfig
 
 RECIPES = ("parallel-r1", "npr")
-RECIPE_SCHEMAS = {"parallel-r1": "parallel-r1", "npr": "npr"}  # the tags each recipe writes unless --schema says otherwise
 
 
 @dataclass
@@ -37,9 +34,9 @@ class Stage:
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
     drop_invalid: bool = False  # grpo: drop rollouts that are not valid parallel traces before the advantages (PAPO)
-    advantage: str = ""  # grpo: "zscore", "mean" or "batch" (PAPO); "" = the config's --advantage
-    instructions: str = ""  # the prompt before each question: "parallel", "plain", "none"; "" = --instructions
-    mode: str = ""  # attention when sampling and training: "structured" or "causal"; "" = --mode
+    advantage: str = "zscore"  # grpo: "zscore", "mean" or "batch" (PAPO)
+    instructions: str = "none"  # the prompt before each question: "parallel", "plain", "none"
+    mode: str = "structured"  # attention when sampling and training: "structured" or "causal"
     lr: float = 1e-5  # learning rate of this stage
     start: str | None = None  # the stage whose final/ it starts from; None = the previous training stage,
     #                           "" = the configured --model
@@ -47,52 +44,43 @@ class Stage:
 
 
 @dataclass
-class TrainConfig(SamplerSettings):
+class TrainConfig(ScriptConfig):
     """Everything `python train.py` can be told: every field is a flag, its comment the --help.
 
-    The defaults are the toy world's; "real model: ..." is what a model not built from code gets
-    instead unless the flag is given (`nanopar.defaults`). The sampler's budgets and draw knobs
-    come from `SamplerSettings` (declared once); the fields that decide the policy (mode,
-    temperature) make the run's `Policy`."""
+    The defaults are the toy world's; `defaults.resolve` gives a model not built from code a real
+    run's instead (--help says "real model: ..."), unless the flag is given. The model, tags,
+    attention and every sampler knob come from `config.ScriptConfig`, shared with eval.py and
+    sample.py."""
 
     # the run
     out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
     recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
-    schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the recipe's own
     stages: str = "all"  # comma list of stage names to run, or "all"
     skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
-    seed: int = 0  # seeds LoRA init, problem order and every sampling step
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
-    preset: str = ""  # "long": the ~35-minute toy run (train.py's PRESETS); flags given explicitly still win
-    ablations: bool = False  # run Parallel-R1's ablations instead, 7 runs under <out>/ablations/ from one pretrained base (nanopar/ablations.py): rl-hard reward accuracy / parallel / alternating; with and without rl-easy, Seen and Unseen; shared vs disjoint path positions. toy: ~26 min on 2 cores, default sizes (nothing shortened)
-    # the model
-    model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
-    load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
-    lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight; real model: True
+    preset: str = ""  # "long": the longer toy run (train.py's PRESETS); flags given explicitly still win
+    ablations: bool = False  # run Parallel-R1's ablations instead: 7 runs under <out>/ablations/ from one pretrained base (ablations.py)
+    # the model (and --model, --load-in-4bit, --dtype, --device, --mode, --path-stride from ScriptConfig)
+    lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
     lora_rank: int = 16  # LoRA r
     lora_alpha: int = 32  # LoRA alpha (scale alpha / r)
     lora_dropout: float = 0.0  # keep 0 for RL: dropout breaks the on-policy ratio of 1
-    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
-    device: str = "auto"  # cpu / cuda / auto
-    mode: str = "structured"  # "structured" (Unseen: paths isolated) or "causal" (Seen)
-    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
     gradient_checkpointing: bool = False  # recompute activations in backward: much less memory on a GPU, ~30% slower
+    head_read: str = "auto"  # training read of the LM head: "plain" (log_softmax of the full logits), "chunked" (head.py), "auto" (chunked from a large vocabulary)
     # the data
-    pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct; a real model: ""), "" = none
-    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy; real model: 'gsm8k_train'
-    hard_data: str = "toy:hard"  # hard problems (stage 2 RL); real model: 'dapo'
-    sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distill; real model: "" (distilled by --teacher or the model)
+    pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct), "" = none
+    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
+    hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
+    sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distilled by --teacher or the model
     teacher: str = ""  # strong model writing cold-start-data (hub id, folder, checkpoint, tiny:*; "" = its input); not NPR's rejection: self-distilled
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # field of the gold answer ("" = answer)
     limit: int = 0  # use only the first N problems of each data set (0 = all)
-    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"; real model: 'parallel'
-    chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     # stage lengths, learning rates and rewards
     pretrain_steps: int = 600  # pretraining SFT steps (only with --pretrain-data)
     pretrain_lr: float = 2e-3  # pretraining learning rate (from scratch)
     sft_steps: int = 150  # cold-start SFT steps
-    sft_lr: float = 1e-3  # cold-start SFT learning rate; real model: 1e-4
+    sft_lr: float = 1e-3  # cold-start SFT learning rate
     sft_batch: int = 32  # traces per SFT step (pretraining too)
     sft_schedule: str = "cosine"  # learning rate of SFT stages after warm-up: "cosine" (to 10%) or "constant"
     rl_easy_steps: int = 20  # GRPO steps on easy problems
@@ -104,26 +92,22 @@ class TrainConfig(SamplerSettings):
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
     distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all)
     # held-out evaluation after every training stage (the final table)
-    eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto": Runner.eval_sets
-    eval_problems: int = 300  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560 (--preset long takes them all)
-    eval_samples: int = 8  # responses per problem, at --temperature (toy: 300 x 8 keeps an accuracy's standard error under 1.5 points up to ~35% accuracy; near 50% it takes all 560 problems, as --preset long does); real model: 1
+    eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto" = the held-out sets of --easy-data and --hard-data
+    eval_problems: int = 300  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560
+    eval_samples: int = 8  # responses per problem, at --temperature (docs/results.md: the standard errors this gives)
     eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
-    # sampling (also max_blocks, top_p, top_k and their defaults from SamplerSettings)
+    # GRPO's batch (and every sampler knob from ScriptConfig)
     prompts_per_step: int = 8  # B: problems per GRPO step
     group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)
-    paths: int = TOY_SAMPLING["paths"]  # K: paths per parallel block (the toy teacher writes 3; Parallel-R1 uses 2); real model: 2
-    max_new_tokens: int = TOY_SAMPLING["max_new_tokens"]  # sampled tokens per response, over all branches; real model: 1024
-    max_path_tokens: int = TOY_SAMPLING["max_path_tokens"]  # sampled tokens per path; real model: 512
-    temperature: float = 1.0  # sampling temperature (the policy GRPO trains)
     # optimisation
-    lr: float = 3e-5  # RL learning rate (AdamW); toy: 1e-4 moves a sequence 2-3 nats per step and degrades it; real model: 1e-5
+    lr: float = 3e-5  # RL learning rate (AdamW); the toy's sequences degrade at 1e-4
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warm-up steps per stage
     advantage: str = "zscore"  # "zscore", "mean" or "batch" (group mean, batch std: PAPO; NPR's last stage uses it)
     updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
     clip: float = 0.2  # PPO clip range (updates > 1 only)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
-    micro_batch: int = 16  # rows per forward/backward; real model: 4
+    micro_batch: int = 16  # rows per forward/backward
     micro_batch_tokens: int = 0  # instead of --micro-batch rows: rows sorted by length, packed so that rows x longest row <= this (0 = off); GRPO and SFT
     max_grad_norm: float = 1.0  # gradient clipping
     # bookkeeping
@@ -132,62 +116,49 @@ class TrainConfig(SamplerSettings):
     sample_every: int = 0  # print a sample trace every N RL steps (0 = never)
 
 
-
 def recipe(config: TrainConfig) -> list[Stage]:
-    """The stages of `config.recipe`, sized by the config."""
+    """The stages of `config.recipe`, sized by a resolved config (`defaults.resolve`)."""
     c = config
     for flag, value in (("--lr", c.lr), ("--sft-lr", c.sft_lr), ("--pretrain-lr", c.pretrain_lr)):
         if not value > 0:
             raise NanoparError(f"{flag} must be > 0, not {value:g}")
-    pretrain = c.pretrain_data
-    if pretrain == "auto":  # a world that builds its own base model says on which traces, per recipe
-        source = source_for(c.easy_data)
-        pretrain = (source.bases or {}).get(c.recipe, "") if source is not None else ""
+    if "auto" in (c.pretrain_data, c.eval_data) or not c.schema or not c.distill_tries:
+        raise NanoparError("recipe() needs a resolved config: call defaults.resolve(config, argv) first")
+    # what the recipe leaves open, the flags decide
+    stage = partial(Stage, instructions=c.instructions, mode=c.mode, advantage=c.advantage)
     # a base (or instruct) model is an ordinary causal LM: its parallel traces, if any, read causally
-    base = [Stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=pretrain, lr=c.pretrain_lr, mode="causal")
-            ] if pretrain else []
+    base = [stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr,
+                  mode="causal")] if c.pretrain_data else []
     if c.recipe == "parallel-r1":
-        cold_start = [] if c.sft_data else [Stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries or 1,
+        cold_start = [] if c.sft_data else [stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries,
                                                   teacher=c.teacher, instructions="parallel")]  # the elicitation prompt
         stages = base + cold_start + [
-            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
-            Stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
-            Stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward, lr=c.lr),
+            stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
+            stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
+            stage("rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward=c.hard_reward, lr=c.lr),
         ]
     elif c.recipe == "npr":
         # NPR prompts with its format at every stage; the parallel mask and positions arrive with
         # the parallel SFT (stages 1 and 2 sample and train causally, like the instruct model)
-        npr = dict(instructions="parallel")
+        npr = partial(stage, instructions="parallel")
         stages = base + [
-            Stage("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr,
-                  mode="causal", **npr),
-            Stage("rejection", "distill", c.easy_data, tries=c.distill_tries or 8, mode="causal", **npr),
-            Stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured",
-                  **npr),
-            Stage("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
-                  advantage="batch", lr=c.lr, mode="structured", **npr),
+            npr("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr, mode="causal"),
+            npr("rejection", "distill", c.easy_data, tries=c.distill_tries, mode="causal"),
+            npr("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured"),
+            npr("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
+                advantage="batch", lr=c.lr, mode="structured"),
         ]
     else:
         raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
     if c.baseline:
         start = "pretrain" if base else ""
         stages += [
-            Stage("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="accuracy", lr=c.lr,
+            stage("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="accuracy", lr=c.lr,
                   start=start, instructions="plain"),
-            Stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr,
+            stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr,
                   instructions="plain"),
         ]
-    for stage in stages:  # what the recipe leaves open, the flags decide
-        stage.instructions = stage.instructions or c.instructions
-        stage.mode = stage.mode or c.mode
     return skip(stages, c.skip)
-
-
-def run_schema(config: TrainConfig) -> TagSchema:
-    """The tag schema of a run: --schema, or the recipe's own (npr -> NPR's, parallel-r1 -> Parallel-R1's)."""
-    if config.recipe not in RECIPES:
-        raise NanoparError(f"unknown recipe {config.recipe!r}: use one of {', '.join(RECIPES)}")
-    return schema_named(config.schema or RECIPE_SCHEMAS[config.recipe])
 
 
 def starting_stage(stages: list[Stage], stage: Stage) -> Stage | None:

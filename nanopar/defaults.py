@@ -1,18 +1,16 @@
-"""Defaults that follow the model: what a flag left unset means for a toy model or a real one.
+"""One road for defaults: `resolve(config, argv)` turns a parsed config into the one a script runs.
 
-The scripts' dataclass defaults are the toy world's (a laptop runs the whole curriculum in
-minutes). A model that is not built from code (a hub id, a local folder, a `.gguf` file, a
-checkpoint of one) gets a real model's instead, unless the flag is given:
+The dataclass defaults are the toy world's (a laptop runs the whole curriculum in minutes).
+`resolve` then applies, once and in this order, leaving every flag given in `argv` alone:
 
-    training   no pretraining stage, GSM8K (train) for the cold start and stage 1, DAPO-Math-17k
-               for stage 2 (both shipped), the cold-start traces distilled (by --teacher or the
-               model itself), the recipe's parallel instructions at every stage (baselines: plain),
-               LoRA, lower learning rates, held-out evaluation on GSM8K (test) and DAPO's tail
-    sampling   Parallel-R1's K = 2 paths, budgets for real answers (1,024 tokens, 512 per path)
+    1. the preset (train.py's --preset: its fields)
+    2. a real model's defaults, when --model is not built from code (a hub id, a folder, a
+       `.gguf` file, a checkpoint of one): REAL_SAMPLING for every script, REAL_TRAINING for
+       train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, lower learning rates)
+    3. the placeholders: "auto" pretraining traces and evaluation sets, "" schema, 0 distil tries
 
-`apply_model_defaults(config, argv)` sets them on a parsed config (train.py, eval.py and sample.py
-call it, so the three share their sampling defaults); the resolved config is what each script
-saves. Not here: presets (train.py's `--preset long`), which are toy-only.
+and returns what it changed, which the scripts print and save. Not here: the flags themselves
+(config.py), which stages run (curriculum.py).
 """
 
 from __future__ import annotations
@@ -20,15 +18,15 @@ from __future__ import annotations
 import json
 import os
 
+from . import NanoparError
+from .checkpoint import checkpoint_schema
 from .config import flags_given
+from .data import load_problems, source_for, test_set_of
 from .model import is_built
 
-TOY_SAMPLING = {"paths": 3, "max_new_tokens": 224, "max_path_tokens": 48}  # the defaults of the three scripts
-# (their dataclasses read them here): the toy teacher writes 3 paths of <= 48 tokens and traces of
-# <= 159 tokens (NPR rounds <= 188); 224 leaves a cold-started model room to finish what it starts
-REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1: K = 2
+REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1's K = 2, budgets for real answers
 
-REAL_TRAINING = {  # TrainConfig fields of a real model's run
+REAL_TRAINING = {  # train.py's fields for a real model
     "pretrain_data": "",  # already trained: no pretraining stage
     "easy_data": "gsm8k_train",  # Parallel-R1's cold start and stage 1: GSM8K
     "hard_data": "dapo",  # stage 2: DAPO-Math-17k (the shipped copy)
@@ -39,8 +37,75 @@ REAL_TRAINING = {  # TrainConfig fields of a real model's run
     "lr": 1e-5,  # LoRA RL
     "micro_batch": 4,  # rows per forward/backward at 1,024-token responses
     "eval_samples": 1,  # one response per held-out problem
-    "eval_problems": 150,  # 150 of GSM8K test, DAPO's last 150 (kept out of training): 300 real responses a stage
+    "eval_problems": 150,  # 150 of GSM8K test and DAPO's last 150 (kept out of training)
 }
+
+RECIPE_SCHEMAS = {"parallel-r1": "parallel-r1", "npr": "npr"}  # the tags each recipe writes unless --schema says otherwise
+DISTILL_TRIES = {"parallel-r1": 1, "npr": 8}  # samples per problem of a distill stage: a teacher's one, NPR's rejection 8
+
+
+def real_defaults(training: bool = False) -> dict:
+    """The fields a real model changes (for --help: "real model: ...")."""
+    return REAL_SAMPLING | (REAL_TRAINING if training else {})
+
+
+def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
+    """Apply the preset, the model's defaults and the placeholders to `config` (in place), in that
+    order, leaving the fields given in `argv` alone. -> {field: new value} of what it changed."""
+    given, changed = flags_given(argv), {}
+
+    def put(field: str, value) -> None:
+        if getattr(config, field) != value:
+            setattr(config, field, value)
+            changed[field] = value
+
+    training = hasattr(config, "recipe")
+    preset = getattr(config, "preset", "")
+    if preset:
+        if preset not in (presets or {}):
+            raise NanoparError(f"unknown preset {preset!r}: use one of {', '.join(presets or {})}")
+        for field, value in presets[preset].items():
+            if field not in given:
+                put(field, value)
+    if config.model and not built_from_code(config.model):
+        for field, value in real_defaults(training).items():
+            if hasattr(config, field) and field not in given:
+                put(field, value)
+    if training:
+        _resolve_training_placeholders(config, put)
+    elif hasattr(config, "schema"):
+        put("schema", checkpoint_schema(config.schema, config.model).name)
+    return changed
+
+
+def _resolve_training_placeholders(config, put) -> None:
+    """train.py's "auto" / "" / 0 fields, from the recipe and the data."""
+    if config.recipe not in RECIPE_SCHEMAS:
+        raise NanoparError(f"unknown recipe {config.recipe!r}: use one of {', '.join(RECIPE_SCHEMAS)}")
+    put("schema", config.schema or RECIPE_SCHEMAS[config.recipe])
+    put("distill_tries", config.distill_tries or DISTILL_TRIES[config.recipe])
+    if config.pretrain_data == "auto":  # a world that builds its own base model says on which traces, per recipe
+        source = source_for(config.easy_data)
+        put("pretrain_data", (source.bases or {}).get(config.recipe, "") if source is not None else "")
+    if config.eval_data == "auto":
+        put("eval_data", ",".join(auto_eval_sets(config)))
+
+
+def auto_eval_sets(config) -> list[str]:
+    """What --eval-data auto stands for: the held-out set that goes with the run's easy and hard
+    data (`data.test_set_of`: "toy:easy" -> "toy:easy:heldout", gsm8k_train -> gsm8k), else the
+    set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"), which the run
+    leaves out of training (`run_inputs.RunInputs.problems`). Never a problem the run trains on."""
+    sets = []
+    for spec in dict.fromkeys(s for s in (config.easy_data, config.hard_data) if s and config.eval_problems):
+        test_set = test_set_of(spec)
+        if test_set is not None:
+            sets.append(test_set)
+        else:
+            whole = load_problems(spec, config.question_field or None, config.answer_field or None)
+            if len(whole) >= 2:
+                sets.append(f"{spec}[-{min(config.eval_problems, len(whole) // 2)}:]")
+    return sets
 
 
 def built_from_code(model: str) -> bool:
@@ -57,18 +122,3 @@ def built_from_code(model: str) -> bool:
         with open(config) as f:
             return built_from_code(json.load(f).get("model", ""))
     return False
-
-
-def apply_model_defaults(config, argv: list[str], training: bool = False) -> list[str]:
-    """Set a real model's defaults on the fields of `config` not given in `argv` when config.model
-    is real: the sampling ones, and with `training` (train.py) the run's. -> the fields it changed."""
-    model = config.model
-    if not model or built_from_code(model):
-        return []
-    given = flags_given(argv)
-    changed = []
-    for field, value in (REAL_SAMPLING | (REAL_TRAINING if training else {})).items():
-        if hasattr(config, field) and field not in given and getattr(config, field) != value:
-            setattr(config, field, value)
-            changed.append(field)
-    return changed

@@ -38,10 +38,14 @@ from .trace import Trace, parse_ids, read_tag, trace_stats
 
 @dataclass
 class SamplerSettings:
-    paths: int = 2  # K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold
-    max_new_tokens: int = 512  # sampled tokens per response, counted over all its branches
+    """Budgets and draw knobs of one sampler call. The defaults are the one set every script
+    starts from, the toy world's (its teacher writes 3 paths, each within 48 tokens, every trace
+    within 224); a real model gets defaults.REAL_SAMPLING instead."""
+
+    paths: int = 3  # K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold
+    max_new_tokens: int = 224  # sampled tokens per response, counted over all its branches
     max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn
-    max_path_tokens: int = 256  # sampled tokens per path; then </Path> is inserted
+    max_path_tokens: int = 48  # sampled tokens per path; then </Path> is inserted
     top_p: float = 1.0  # nucleus sampling; 1.0 = off
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int | None = None  # seeds this call's draws; None = torch's global generator

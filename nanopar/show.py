@@ -1,15 +1,11 @@
-"""Show a rollout as a rich tree: main chain -> block -> (plans) -> branches side by side -> summary.
+"""What the scripts show: a rollout as a rich tree, progress bars, and the tables of metrics.
 
-Used by sample.py, and by training to print a sample trace now and then. Text is decoded span by
-span from the token ids, so what you see is exactly what the sampler and the layout read.
-Also `rollout_record`, the machine-readable form of a rollout (sample.py --json, eval files),
-and what every script's display shares: the progress bar (with plain lines where the output is
-not a terminal), how a metric is written in a table
-(`metric_cell`), and the one list of metric rows with their names and kinds (`METRIC_ROWS`),
-from which train.py's table of stages, eval.py's tables and --compare all take theirs; the
-table of stages itself (`stage_table`), which train.py's final table and --ablations' tables
-(several runs side by side) both draw. Not here: computing the metrics (metrics.py,
-evaluation.py).
+`trace_tree`: main chain -> block -> (plans) -> branches side by side -> summary, decoded span by
+span from the token ids (exactly what the sampler and the layout read); `rollout_record`, the same
+as JSON. `progress`: the bar of every long job (plain lines when the output is not a terminal).
+`METRIC_ROWS`: the one list of metric rows (name, kind) every table takes its rows from;
+`stage_table`: the table of stages of train.py and --ablations, drawn from plain results
+(`heldout.StageResult`). Not here: computing metrics or evaluating a model (evaluation.py, heldout.py).
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from rich import box
 from rich.table import Table
 from rich.tree import Tree
 
-from .data import read_jsonl, source_for
+from .data import source_for
 from .trace import trace_stats
 
 
@@ -205,29 +201,25 @@ METRIC_ROWS = [  # in the order every table shows them
 ]
 STAGE_ROWS = [row for row in METRIC_ROWS if row.stage]  # train.py's held-out rows, per evaluation set
 # and after "accuracy SE": accuracy minus that of the stage it started from, ± the standard error of
-# the difference taken problem by problem (points; runner.change_over_start)
+# the difference taken problem by problem (points; heldout.HeldOut.change_over_start)
 CHANGE_ROW = "vs its start"
 
 
 def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | None = None,
                 caption: str | None = None) -> Table:
-    """Stages as columns, each `(head, runner, stage)` (several runs may share a table): their
-    training numbers, then the held-out results of each stage's model (`runner.evaluate`: its
-    eval.json, or an evaluation now), then the `extra` rows, one cell per column, as a section of
-    their own (--ablations: the papers' numbers). The title ends with the largest standard
-    error of an accuracy cell, so a reader knows which differences are noise."""
+    """Stages as columns, each `(head, heldout.StageResult)` (several runs may share a table): their
+    training numbers, then the held-out results of each stage's model, then the `extra` rows, one
+    cell per column, as a section of their own (--ablations: the papers' numbers). The title ends
+    with the largest standard error of an accuracy cell, so a reader knows which differences are noise."""
     table = Table(title=title, caption=caption)
     table.add_column("", no_wrap=True)
-    for head, _, _ in columns:
+    for head, _ in columns:
         table.add_column(head, justify="right", overflow="fold")
-    records = {}  # run folder -> its metrics.jsonl
     rows: dict[str, list[str]] = {}
-    errors: list[float] = []  # the accuracy cells' standard errors
-    for head, runner, stage in columns:
-        if runner.out not in records:
-            records[runner.out] = read_jsonl(runner.out / "metrics.jsonl")
-        column = _stage_column(runner, stage, records[runner.out], errors)
-        for name, cell in column.items():
+    errors = [result["accuracy_se"] for _, stage in columns for result in stage.results.values()
+              if result.get("accuracy_se") is not None]  # the accuracy cells' standard errors
+    for _, stage in columns:
+        for name, cell in _stage_column(stage).items():
             rows.setdefault(name, []).append(cell)
     last = list(rows)[-1] if rows and extra else None  # the extra rows are a section of their own
     for name, cells in rows.items():
@@ -239,26 +231,18 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
     return table
 
 
-def _stage_column(runner, stage, records: list[dict], errors: list[float]) -> dict[str, str]:
+def _stage_column(stage) -> dict[str, str]:
     """{row name: cell} of one stage: steps, mean reward of its last 5 steps, seconds, then
-    STAGE_ROWS per evaluation set (and CHANGE_ROW); appends each set's accuracy standard error to `errors`."""
-    config = runner.config
-    rows = [r for r in records if r.get("stage") == stage.name]
-    steps = [r for r in rows if "step" in r]
-    results = runner.evaluate(stage) if stage.kind != "distill" else None
-    rewards = [r["reward"] for r in steps[-5:] if "reward" in r]
-    column = {"steps": str(steps[-1]["step"]) if steps else "-",
-              "reward (last 5 steps)": metric_cell(sum(rewards) / len(rewards) if rewards else None, "number"),
-              "seconds": f"{sum(r['seconds'] for r in rows if r.get('event') == 'done'):.0f}"}
-    changes = runner.change_over_start(stage) if results else {}
-    for spec in runner.eval_sets() if config.eval_problems else []:
-        result = (results or {}).get(spec, {})
-        if result.get("accuracy_se") is not None:
-            errors.append(result["accuracy_se"])
+    STAGE_ROWS per evaluation set (and CHANGE_ROW after the standard error)."""
+    column = {"steps": "-" if stage.steps is None else str(stage.steps),
+              "reward (last 5 steps)": metric_cell(stage.reward, "number"),
+              "seconds": f"{stage.seconds:.0f}"}
+    for spec in stage.sets:
+        result = stage.results.get(spec, {})
         for row in STAGE_ROWS:
             column[f"{set_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
             if row.key == "accuracy_se":  # then the change over the stage it started from, paired
-                change = changes.get(spec)
+                change = stage.changes.get(spec)
                 column[f"{set_label(spec)}: {CHANGE_ROW}"] = (
                     f"{100 * change[0]:+.1f} ± {100 * change[1]:.1f}" if change else "-")
     return column

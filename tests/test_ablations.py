@@ -9,7 +9,8 @@ from rich.console import Console
 import nanopar.runner
 import train
 from conftest import one_line, read_metrics
-from nanopar import NanoparError, ablations
+import ablations
+from nanopar import NanoparError
 from nanopar.rewards import schedule_from_string
 
 TINY = ["--pretrain-steps", "2", "--sft-steps", "2", "--rl-easy-steps", "1", "--rl-hard-steps", "2",
@@ -21,7 +22,7 @@ STAGES = {"unseen": ["pretrain", "sft", "rl-easy", "rl-hard"], "unseen-parallel"
 
 
 def opened(tmp_path, *flags):
-    config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), "--ablations", *TINY, *flags])
+    config = train.resolved_config(["--out", str(tmp_path), "--ablations", *TINY, *flags])[0]
     return ablations.open_arms(config, Console(quiet=True))
 
 
@@ -76,16 +77,16 @@ def test_the_alternating_arm_has_both_rewards_at_any_length(steps):
 
 
 def fake_results(runner, stage, easy, hard, per_problem=None):
-    """An eval.json for `stage` that `Runner.evaluate` takes as its own (its key matches), with
+    """An eval.json for `stage` that `HeldOut.evaluate` takes as its own (its key matches), with
     `per_problem` accuracies on the hard set when given."""
     result = {"accuracy": None, "parallel_ratio": None}
-    sets = runner.eval_sets()
+    sets = runner.inputs.eval_sets()
     folder = runner.folder(stage)
     folder.mkdir(parents=True, exist_ok=True)
     results = {sets[0]: result | {"accuracy": easy, "parallel_ratio": 0.5, "accuracy_se": 0.011},
                sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25, "accuracy_se": hard / 10}
                | ({"per_problem": per_problem} if per_problem else {})}
-    (folder / "eval.json").write_text(json.dumps({"how": runner.eval_key(stage), "results": results}))
+    (folder / "eval.json").write_text(json.dumps({"how": runner.heldout.key(stage), "results": results}))
     (runner.out / "metrics.jsonl").write_text("")
 
 

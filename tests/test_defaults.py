@@ -1,18 +1,18 @@
 """Defaults that follow the model: a real model gets a real run's settings, a toy model the toy's,
-a flag always wins, and the three scripts agree on sampling."""
+a flag always wins, the three scripts agree on sampling, and `resolve` says what it changed."""
 
 
 import eval as eval_script
 import sample
+import train
 from nanopar.config import parse_config
-from nanopar.curriculum import TrainConfig, recipe
-from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, TOY_SAMPLING, apply_model_defaults, built_from_code
+from nanopar.curriculum import recipe
+from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, built_from_code, resolve
+from nanopar.sampler import SamplerSettings
 
 
 def resolved(argv):
-    config = parse_config(TrainConfig, argv)
-    apply_model_defaults(config, argv, training=True)
-    return config
+    return train.resolved_config(argv)[0]
 
 
 def test_a_real_model_gets_a_real_run(tmp_path):
@@ -26,7 +26,8 @@ def test_a_real_model_gets_a_real_run(tmp_path):
 
 
 def test_toy_and_tiny_models_keep_the_toy_defaults(tmp_path):
-    assert resolved([]).easy_data == "toy:easy" and resolved(["--model", "tiny:qwen3"]).max_new_tokens == TOY_SAMPLING["max_new_tokens"] == 224
+    toy = SamplerSettings()  # the one set of sampler defaults: the toy's
+    assert resolved([]).easy_data == "toy:easy" and resolved(["--model", "tiny:qwen3"]).max_new_tokens == toy.max_new_tokens == 224
     assert resolved([]).eval_problems == 300 and REAL_TRAINING["eval_problems"] == 150  # the toy's are cheap
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "toy:model"}')
     assert built_from_code(str(tmp_path))  # a checkpoint of the toy model is the toy's
@@ -39,8 +40,39 @@ def test_the_three_scripts_share_their_sampling_defaults(tmp_path):
     fields = ("paths", "max_new_tokens", "max_path_tokens", "temperature")
     for model in ("toy:model", str(tmp_path)):
         configs = []
-        for kind in (sample.SampleConfig, eval_script.EvalConfig, TrainConfig):
+        for kind in (sample.SampleConfig, eval_script.EvalConfig, train.TrainConfig):
             config = parse_config(kind, ["--model", model])
-            apply_model_defaults(config, ["--model", model])
+            resolve(config, ["--model", model])
             configs.append({f: getattr(config, f) for f in fields})
         assert configs[0] == configs[1] == configs[2], model
+
+
+def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_what_it_changed(tmp_path):
+    config, changed = train.resolved_config([])
+    assert changed == {"schema": "parallel-r1", "distill_tries": 1, "pretrain_data": "toy:sequential",
+                       "eval_data": "toy:easy:heldout,toy:hard:heldout"}  # the toy's placeholders, nothing else
+    config, changed = train.resolved_config(["--preset", "long", "--sft-steps", "7", "--recipe", "npr"])
+    assert (config.pretrain_steps, config.sft_steps, config.eval_problems) == (2000, 7, 560)  # a flag beats the preset
+    assert changed["pretrain_data"] == "toy:instruct" and changed["distill_tries"] == 8 and changed["schema"] == "npr"
+    assert "sft_steps" not in changed
+    (tmp_path / "config.json").write_text("{}")  # a real model: its defaults, then the placeholders they leave
+    config, changed = train.resolved_config(["--model", str(tmp_path), "--lr", "2e-5"])
+    assert config.lr == 2e-5 and "lr" not in changed
+    assert changed["pretrain_data"] == "" and config.pretrain_data == ""  # a real model's "" is not the toy's base
+    assert config.eval_data == "gsm8k,dapo[-150:]" and changed["eval_data"] == config.eval_data
+    written = parse_config(train.TrainConfig, ["--model", str(tmp_path)])
+    assert resolve(written, ["--model", str(tmp_path)]) == changed | {"lr": 1e-5}  # the same road, whoever calls it
+    assert "real model: 1e-05" in " ".join(train_help().split())
+
+
+def train_help() -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            train.main(["--help"])
+        except SystemExit:
+            pass
+    return out.getvalue()

@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
+import nanopar.distill
 import nanopar.grpo
+import nanopar.heldout
 import nanopar.runner
 import train
 from conftest import one_line, read_metrics, reward_file, text_rollout
@@ -124,7 +126,7 @@ def half_right_sampler(monkeypatch):
                 rollouts.append(text_rollout(prompt, tokenizer.encode(text) + [tokenizer.eos_token_id], policy.tag_ids))
         return rollouts
 
-    monkeypatch.setattr(nanopar.runner, "sample", fake_sample)
+    monkeypatch.setattr(nanopar.distill, "sample", fake_sample)
     monkeypatch.setattr(nanopar.toy.source, "TOY_TRAIN_PROBLEMS", 6)
     return seen
 
@@ -155,7 +157,7 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
     assert len(read_jsonl(tmp_path / "2-cold-start-data" / "traces.jsonl")) == 3
     assert [r["kept_fraction"] for r in read_metrics(tmp_path) if r.get("event") == "distill"] == [0.5]
     assert "cold-start-data: kept 3 of 6 problems (50.0%)" in capsys.readouterr().out
-    config = train.parse_config(train.TrainConfig, ["--recipe", "npr", "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
+    config = train.resolved_config(["--recipe", "npr", "--teacher", "Qwen/Qwen2.5-7B-Instruct"])[0]
     assert [s.teacher for s in recipe(config)] == [""] * 5  # self-distillation
 
 
@@ -209,7 +211,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, monkeypatch):
     def interrupted(self, stage):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(nanopar.runner.Runner, "evaluate", interrupted)
+    monkeypatch.setattr(nanopar.heldout.HeldOut, "evaluate", interrupted)
     with pytest.raises(SystemExit) as stop:
         train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--stages", "sft"])
     assert str(stop.value) == (f"interrupted during the evaluation of sft: its model is saved in "
@@ -245,7 +247,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     args = ["--out", str(tmp_path), *SMALL, "--baseline", "--pretrain-steps", "1", "--checkpoint-every", "0",
             "--micro-batch-tokens", "300"]  # SFT and GRPO micro-batches packed by a token budget
     train.main(args)
-    config = train.parse_config(train.TrainConfig, args)
+    config = train.resolved_config(args)[0]
     stages = recipe(config)
     runner = nanopar.runner.Runner(config, stages)
     names = [s.name for s in stages]
@@ -278,11 +280,11 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
 
 def test_a_preset_sets_its_fields_but_explicit_flags_win():
     argv = ["--preset", "long", "--sft-steps", "7"]
-    config = train.apply_preset(train.parse_config(train.TrainConfig, argv), argv)
+    config = train.resolved_config(argv)[0]
     assert (config.out, config.pretrain_steps, config.sft_steps) == ("runs/long", 2000, 7)
     # the long preset evaluates on every problem of the toy's held-out sets, none fewer
     assert config.eval_problems == len(toy.heldout("easy")) == len(toy.heldout("hard")) == 560
-    assert train.apply_preset(train.parse_config(train.TrainConfig, []), []).pretrain_steps == 600
+    assert train.resolved_config([])[0].pretrain_steps == 600
 
 
 def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
@@ -290,7 +292,7 @@ def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
     backward (the layer's MLP runs twice per training step), and the gradients do not change."""
     grads, calls = {}, {}
     for flags in ([], ["--gradient-checkpointing"]):
-        config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
+        config = train.resolved_config(["--out", str(tmp_path), *flags])[0]
         model, tokenizer, policy = nanopar.runner.Runner(config, recipe(config)).load(config.model, config.mode)
         mlp, count = model.model.layers[0].mlp, []  # counted in forward itself: hooks do not run in a recompute
         mlp.forward = lambda *args, real=mlp.forward, **kwargs: count.append(1) or real(*args, **kwargs)
@@ -309,7 +311,7 @@ def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
     args = ["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--checkpoint-every", "0",
             "--stages", "sft,rl-hard", "--skip", "rl-easy"]
     train.main(args)
-    config = train.parse_config(train.TrainConfig, args)
+    config = train.resolved_config(args)[0]
     stages = recipe(config)
     runner = nanopar.runner.Runner(config, stages)
     assert [s.name for s in stages] == ["sft", "rl-hard"]
@@ -320,7 +322,7 @@ def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
     assert [r["step"] for r in log if r.get("stage") == "rl-hard" and "step" in r] == [1, 2]
     assert [r["stage"] for r in log if r.get("event") == "eval"] == ["sft", "rl-hard"]
     # a skipped stage with its own start passes it on: the baseline still starts from the base
-    config = train.parse_config(train.TrainConfig, ["--baseline", "--skip", "baseline-rl-easy,rl-easy"])
+    config = train.resolved_config(["--baseline", "--skip", "baseline-rl-easy,rl-easy"])[0]
     stages = {s.name: s for s in recipe(config)}
     assert list(stages) == ["pretrain", "sft", "rl-hard", "baseline-rl-hard"]
     assert (stages["rl-hard"].start, stages["baseline-rl-hard"].start) == ("sft", "pretrain")
@@ -333,12 +335,12 @@ def test_held_out_results_are_reused_only_while_nothing_that_changes_the_samples
     base = ["--out", str(tmp_path), "--eval-problems", "1", "--eval-samples", "1", "--max-new-tokens", "8"]
 
     def evaluations(*more):
-        config = train.parse_config(train.TrainConfig, [*base, *more])
+        config = train.resolved_config([*base, *more])[0]
         runner = nanopar.runner.Runner(config, recipe(config))
         stage = runner.stages[1]  # sft: its prompt and mode are the flags' (pretraining always reads causally)
         if not (runner.folder(stage) / "final").exists():
             save_checkpoint(runner.folder(stage) / "final", *load_model(ModelSettings("toy:model")))
-        runner.evaluate(stage)
+        runner.heldout.evaluate(stage)
         return len([r for r in read_metrics(tmp_path) if r.get("event") == "eval"])
 
     assert evaluations() == 1
@@ -360,10 +362,10 @@ def test_default_held_out_data_follows_the_run_and_is_never_trained_on(tmp_path,
     easy = jsonl_problems(tmp_path / "easy.jsonl", toy_problems("toy:easy")[:12])
     hard = jsonl_problems(tmp_path / "hard.jsonl", toy_problems("toy:hard")[:12])
     trained, evaluated = set(), set()
-    real_step, real_evaluate = nanopar.runner.grpo_step, nanopar.runner.evaluate
+    real_step, real_evaluate = nanopar.runner.grpo_step, nanopar.heldout.evaluate
     monkeypatch.setattr(nanopar.runner, "grpo_step", lambda model, tokenizer, optimizer, batch, *rest:
                         trained.update(p.id for p in batch) or real_step(model, tokenizer, optimizer, batch, *rest))
-    monkeypatch.setattr(nanopar.runner, "evaluate", lambda model, tokenizer, problems, *rest, **named:
+    monkeypatch.setattr(nanopar.heldout, "evaluate", lambda model, tokenizer, problems, *rest, **named:
                         evaluated.update(p.id for p in problems) or real_evaluate(model, tokenizer, problems, *rest,
                                                                                   **named))
     run = tmp_path / "run"
@@ -376,8 +378,8 @@ def test_default_held_out_data_follows_the_run_and_is_never_trained_on(tmp_path,
 
 def test_auto_eval_data_for_toy_shipped_and_explicit_sets(tmp_path):
     def sets(*flags):
-        config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), *flags])
-        return nanopar.runner.Runner(config, recipe(config)).eval_sets()
+        config = train.resolved_config(["--out", str(tmp_path), *flags])[0]
+        return nanopar.runner.Runner(config, recipe(config)).inputs.eval_sets()
 
     assert sets() == ["toy:easy:heldout", "toy:hard:heldout"]  # the default run's sets, as before
     assert sets("--easy-data", "gsm8k_train", "--hard-data", "aime24") == ["gsm8k", "aime24[-15:]"]
@@ -400,7 +402,7 @@ def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode
         "rl-easy": ("none", "structured"), "rl-hard": ("none", "structured")}
 
     def resolved(*flags):
-        config = train.parse_config(train.TrainConfig, list(flags))
+        config = train.resolved_config(list(flags))[0]
         return {s.name: (s.instructions, s.mode) for s in recipe(config)}
 
     assert resolved("--instructions", "parallel", "--baseline", "--mode", "causal") == {
@@ -439,12 +441,12 @@ def test_the_toy_base_learns_to_follow_the_parallel_instructions_from_a_tenth_of
     assert all(check_parallel(r["response"]).ok and r["id"].startswith("toy-easy") for r in instructed)
     assert not any(check_parallel(r["response"]).ok for r in records if "instructions" not in r)
     assert not any("instructions" in r for r in teacher_traces("toy:sequential"))  # Parallel-R1's base model
-    config = train.parse_config(train.TrainConfig, ["--recipe", "npr"])
+    config = train.resolved_config(["--recipe", "npr"])[0]
     runner = nanopar.runner.Runner(config, recipe(config))
     pretrain = runner.stages[0]
     assert pretrain.traces == "toy:instruct"  # --pretrain-data auto: NPR starts from an instruct model
     tokenizer = load_model(ModelSettings("toy:model"))[1]
-    examples = runner.sft_examples(pretrain, tokenizer)
+    examples = runner.inputs.sft_examples(pretrain, tokenizer)
     marked = [tokenizer.decode(p) for p, _ in examples if tokenizer.decode(p).startswith("in parallel")]
     assert len(marked) == len(instructed)
 
@@ -493,8 +495,8 @@ def test_the_evaluation_batch_is_its_own_setting(tmp_path, monkeypatch):
     """Held-out evaluation decodes --eval-batch problems per sampler call, whatever the GRPO step's
     size (a small RL run used to evaluate two problems at a time)."""
     calls = []
-    real = nanopar.runner.evaluate
-    monkeypatch.setattr(nanopar.runner, "evaluate", lambda model, tokenizer, problems, policy, settings, samples,
+    real = nanopar.heldout.evaluate
+    monkeypatch.setattr(nanopar.heldout, "evaluate", lambda model, tokenizer, problems, policy, settings, samples,
                         instructions, chat, batch_size, **kw: calls.append((len(problems), batch_size))
                         or real(model, tokenizer, problems, policy, settings, samples, instructions, chat,
                                 batch_size, **kw))
@@ -522,18 +524,17 @@ def test_the_table_of_stages_shows_each_stages_change_over_the_one_it_started_fr
     def load_model(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(nanopar.runner, "load_model", load_model)
-    config = train.parse_config(train.TrainConfig, ["--out", str(tmp_path), "--pretrain-data", "",
-                                                    "--eval-problems", "4"])
+    monkeypatch.setattr(nanopar.runner, "load_model", load_model)  # HeldOut loads through Runner.load
+    config = train.resolved_config(["--out", str(tmp_path), "--pretrain-data", "", "--eval-problems", "4"])[0]
     stages = recipe(config)
     runner = nanopar.runner.Runner(config, stages)
-    easy, hard = runner.eval_sets()
+    easy, hard = runner.inputs.eval_sets()
     accuracies = {"sft": [0, 0.5, 0.5, 1], "rl-easy": [0.5, 1, 0.5, 1], "rl-hard": [0.5, 1, 1, 1]}
     for stage in stages:
         (runner.folder(stage) / "final").mkdir(parents=True)
         per_problem = {f"toy/{i}": a for i, a in enumerate(accuracies[stage.name])}
         result = {"accuracy": statistics.fmean(accuracies[stage.name]), "accuracy_se": 0.1, "per_problem": per_problem}
-        (runner.folder(stage) / "eval.json").write_text(json.dumps({"how": runner.eval_key(stage), "results": {
+        (runner.folder(stage) / "eval.json").write_text(json.dumps({"how": runner.heldout.key(stage), "results": {
             easy: result, hard: result | {"per_problem": dict(list(per_problem.items())[:2])}}}))
     (tmp_path / "metrics.jsonl").write_text("")
     table = train.summary(runner, stages)

@@ -1,0 +1,96 @@
+"""What a run reads: its training problems, SFT traces, prompts, and held-out problems.
+
+    RunInputs(config, stages, schema, folder_of)
+      .problems("toy:easy")       a training set, less what an evaluation set holds out of it
+      .traces(stage)              SFT traces: a distill stage's traces.jsonl or a data spec
+      .sft_examples(stage, tok)   (prompt ids, response ids + EOS) pairs
+      .prompt(problem, tok, stage)  the prompt ids, with the stage's instructions
+      .eval_sets() / .eval_problems(spec)   the resolved --eval-data and its first N problems
+      .batch_of_step(items, n, stage, step)  what step `step` trains on (seeded, resumable)
+
+Loaded sets are kept for the run. Not here: models (runner.py), held-out evaluation (heldout.py),
+what "auto" evaluation data means (defaults.py).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable
+
+from . import NanoparError
+from .curriculum import Stage, TrainConfig
+from .data import SLICE, Problem, load_problems, load_traces
+from .prompts import build_prompt, instructions_named
+from .tags import TagSchema
+
+
+class RunInputs:
+    """The data of one run, read through its config (every placeholder already resolved)."""
+
+    def __init__(self, config: TrainConfig, stages: list[Stage], schema: TagSchema, folder_of: Callable[[Stage], Path]):
+        self.config, self.stages, self.schema, self.folder_of = config, stages, schema, folder_of
+        self._problems: dict[str, list[Problem]] = {}  # loaded training sets, by spec
+
+    def problems(self, spec: str) -> list[Problem]:
+        """A training set (--limit: its first N), less any tail of it an evaluation set holds out:
+        with the evaluation set "x.jsonl[-100:]" the run trains on "x.jsonl[:-100]"."""
+        if spec not in self._problems:
+            config = self.config
+            held = max((count for base, count in map(_tail, self.eval_sets()) if base == spec), default=0)
+            self._problems[spec] = load_problems(f"{spec}[:-{held}]" if held else spec, config.question_field or None,
+                                                 config.answer_field or None, config.limit or None)
+            if not self._problems[spec]:
+                raise NanoparError(f"no problems in {spec}")
+        return self._problems[spec]
+
+    def traces(self, stage: Stage) -> list[dict]:
+        """The SFT traces: a distill stage's output, or a data spec (a .jsonl, toy:parallel, ...)."""
+        by_name = {s.name: s for s in self.stages}
+        spec = str(self.folder_of(by_name[stage.traces]) / "traces.jsonl") if stage.traces in by_name else stage.traces
+        try:
+            return load_traces(spec, self.schema)
+        except NanoparError as error:  # the same error, saying which stage asked
+            raise NanoparError(f"{stage.name}: {error}") from None
+
+    def sft_examples(self, stage: Stage, tokenizer) -> list[tuple[list[int], list[int]]]:
+        """The traces as (prompt ids, response ids + EOS) pairs; a record that names its own
+        "instructions" (the toy's instruction-following traces) is prompted with them."""
+        eos = tokenizer.eos_token_id
+        return [(self.prompt(Problem(str(r.get("id", "")), r["question"], r.get("answer", "")), tokenizer, stage,
+                             r.get("instructions")),
+                 tokenizer.encode(r["response"], add_special_tokens=False) + [eos]) for r in self.traces(stage)]
+
+    def prompt(self, problem: Problem, tokenizer, stage: Stage, instructions: str | None = None) -> list[int]:
+        """The prompt ids of a problem, with the stage's instructions (or the named ones) as the
+        stage's data source words them."""
+        text = instructions_named(instructions or stage.instructions, stage.data or stage.traces, self.schema)
+        return build_prompt(problem, tokenizer, text, chat=self.config.chat)
+
+    def batch_of_step(self, items: list, count: int, stage: Stage, step: int) -> list:
+        """The `count` items step `step` trains on: a seeded shuffle per epoch, so a resumed run
+        takes the same ones."""
+        picked = []
+        for position in range(step * count, (step + 1) * count):
+            epoch, index = divmod(position, len(items))
+            order = list(range(len(items)))
+            random.Random(f"{self.config.seed}/{stage.name}/{epoch}").shuffle(order)
+            picked.append(items[order[index]])
+        return picked
+
+    def eval_sets(self) -> list[str]:
+        """The --eval-data sets (`defaults.resolve` has turned "auto" into names)."""
+        return [spec.strip() for spec in self.config.eval_data.split(",") if spec.strip()]
+
+    def eval_problems(self, spec: str) -> list[Problem]:
+        """The first --eval-problems problems of an evaluation set (a fixed list: every stage sees the same)."""
+        config = self.config
+        return load_problems(spec, config.question_field or None, config.answer_field or None, config.eval_problems)
+
+
+def _tail(spec: str) -> tuple[str, int]:
+    """"x.jsonl[-100:]" -> ("x.jsonl", 100); a spec that is not a tail -> (spec, 0)."""
+    sliced = SLICE.match(spec)
+    if sliced and sliced[2].startswith("-") and not sliced[3]:
+        return sliced[1], -int(sliced[2])
+    return spec, 0
