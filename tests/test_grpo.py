@@ -67,10 +67,11 @@ def test_batch_advantage_divides_by_the_std_of_the_kept_batch():
 
 
 def test_npr_parallel_rl_uses_batch_advantages_and_other_stages_the_flag():
-    from nanopar.curriculum import TrainConfig, recipe
+    import train
+    from nanopar.curriculum import recipe
     from nanopar.runner import Runner
 
-    config = TrainConfig(recipe="npr", advantage="mean")
+    config = train.resolved_config(["--recipe", "npr", "--advantage", "mean"])[0]
     stages = {stage.name: stage for stage in recipe(config)}
     runner = Runner(config, list(stages.values()))
     settings = {name: runner.grpo_settings(stage) for name, stage in stages.items() if stage.kind == "grpo"}
@@ -351,11 +352,11 @@ def test_micro_batches_by_a_token_budget_give_the_gradient_of_one_big_batch(monk
 
 
 def test_micro_batch_tokens_is_a_flag_that_reaches_grpo_and_sft():
-    from nanopar.config import parse_config
-    from nanopar.curriculum import TrainConfig, recipe
+    import train
+    from nanopar.curriculum import recipe
     from nanopar.runner import Runner
 
-    config = parse_config(TrainConfig, ["--micro-batch-tokens", "4096"])
+    config = train.resolved_config(["--micro-batch-tokens", "4096"])[0]
     stages = recipe(config)
     settings = Runner(config, stages).grpo_settings(next(s for s in stages if s.kind == "grpo"))
     assert settings.micro_batch_tokens == 4096 == config.micro_batch_tokens
