@@ -19,7 +19,6 @@ evaluation (heldout.py), the final table (show.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import time
 from pathlib import Path
