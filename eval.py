@@ -10,7 +10,7 @@
 
 Defaults: the model the README's first command trains (`runs/default/4-rl-hard/final`) on the toy
 world's held-out problems (all 560 easy and 560 hard, never drawn in training), 4 samples each,
-with the sampler budgets train.py uses: about a minute on a 2-core CPU. The toy model cannot read
+with the sampler budgets train.py uses (SamplerSettings' defaults). The toy model cannot read
 math text, so the math benchmarks (gsm8k, math500, aime24, aime25, amc23, shipped in
 nanopar/benchmarks/) are for a real Qwen: name them with --benchmarks. Any .jsonl file or hub data
 set works too, with --question-field / --answer-field for its field names.

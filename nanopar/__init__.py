@@ -13,10 +13,11 @@ Reading order, from the trace to the run (the README's file tree says one line p
   sft.py       cold-start / self-distillation fine-tuning on traces
   rewards.py, grading.py, data.py, prompts.py, model.py   what a step scores, reads and loads
   curriculum.py  the stage recipes (distill.py: a stage that samples and keeps the traces worth training on)
+  defaults.py  `resolve`: the one road from flags to a run's values (preset, real model, placeholders)
   runner.py    the stage loop (run_inputs.py: what a run reads; heldout.py: held-out evaluation)
   evaluation.py, show.py   sampling + grading + summaries; trees and tables
   toy/         the toy world: a task, a programmatic teacher, a tokenizer and model small enough for a CPU
-Not here: the scripts (train.py, eval.py, sample.py) and the benchmarks (bench/).
+Not here: the scripts (train.py, eval.py, sample.py, ablations.py) and the benchmarks (bench/).
 """
 
 __version__ = "0.1.0"
