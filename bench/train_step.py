@@ -1,68 +1,63 @@
-"""Benchmark one GRPO step split into its parts, the training read of before issue 13 beside today's.
+"""Benchmark one GRPO step split into its parts, under each training read of the LM head.
 
-    python bench/train_step.py                      # ~15 minutes on a busy 2-core CPU (load ~10)
+    python bench/train_step.py                      # the CPU contestants, both reads
     python bench/train_step.py --quick              # smaller sizes, a smoke run
     python bench/train_step.py --no-long            # without the 8 x 1,024-token memory rows
     python bench/train_step.py --full-size 1.5b     # GPU only: a random Qwen2.5-1.5B, 4-bit + LoRA
     python bench/train_step.py --help               # every flag (BenchConfig)
 
-One step as `runner.grpo_step` runs it: `sample` B prompts x G responses at temperature 1, random
+One step as `grpo.grpo_step` runs it: `sample` B prompts x G responses at temperature 1, random
 +-1 rewards -> `group_advantages`, then the update *written out here part by part*, micro-batch
-by micro-batch, each part timed directly, on the same rollouts for both training reads:
-  full logits (before)  the read of nanopar before issue 13 (conftest.full_trace_logprobs, the
-                        tests' reference): the model's [rows, T, V] logits and their float32
-                        log-softmax; grpo_update as it was: a no-grad pi_old read of every
-                        micro-batch, then the training read
-  chunked (now)         forward.trace_logprobs: the decoder, then the LM head 220 positions at a
-                        time, recomputed in backward (head.py); on-policy pi_old is the training
-                        read detached, so there is no pi_old read
+by micro-batch, each part timed directly, on the same rollouts for both training reads of
+`forward.trace_logprobs`:
+  plain     head_read="plain": the model's [rows, T, V] logits, their float32 log_softmax, gather
+  chunked   head_read="chunked": the decoder, then the LM head CHUNK_BYTES of float32 logits at a
+            time (220 positions on the real vocabulary), recomputed in backward (head.py)
+On-policy pi_old is the training read detached under both, so there is no pi_old read.
 The parts:
   sample              nanopar's sampler (shared: both reads train on its rollouts); a logit bias
                       on three tag rows (a hook on the output embedding, removed for training)
                       makes <Parallel>, </Path> and </Summary> likely, so forks happen; no EOS:
                       every response spends its token budget
-  pi_old read         before only: `rollout_batch` + the no-grad read of every micro-batch
-  no-grad read        the same read inside `Reference.active()`: the KL reference read (added to
-                      the step only when kl_beta > 0), and pi_old's read when updates > 1
+  no-grad read        the read inside `Reference.active()`: the KL reference read (added to the
+                      step only when kl_beta > 0), and pi_old's read when updates > 1
   layout              `build_layout` alone (4D mask + positions): a share of each read
   forward+backward+opt  the read with entropy + `policy_loss` + backward per micro-batch, then
                       `apply_gradients` (clip, AdamW step): the rest of the update, kl_beta 0
-  grpo_update         now only: the library function itself (kl_beta 0) as a check, ~ train
-                      (not for the real vocabulary on CPU)
+  grpo_update         the library function itself (kl_beta 0) as a check, ~ train (not for the
+                      real vocabulary on CPU)
 Contestants: a ~1M-parameter tiny Qwen3 (2k vocab) in structured and in causal mode, and a
 9.8M tiny Qwen3 with the real 151,936-token vocabulary (policy vocabulary 151,675 = Qwen's
 tokenizer + 6 tags, as in a real run); all float32, B = 4 prompts x G = 8 responses x 128
 sampled tokens, micro-batch 8 (GRPOSettings' default): rows of ~152 tokens. `--long` (on by
 default, CPU): the real vocabulary at B = 1 x G = 8 x 1,024 sampled tokens, one micro-batch of
-8 x ~1,040 tokens, one round, memory only; its full-logits read runs only where its memory,
-estimated from the 8 x 152 rows (linear in tokens), stays under half of the memory available.
+8 x ~1,040 tokens, one round, memory only; its plain read runs only where its memory, estimated
+from the 8 x 152 rows (linear in tokens), stays under half of the memory available.
 --full-size (GPU only): a randomly initialised model of Qwen2.5-0.5B's or 1.5B's shape (no
 download), reloaded 4-bit NF4, gradient checkpointing, LoRA r16 + tag rows (nanopar.model.apply_lora),
-bf16, B = 4 x G = 8 x 1,024 sampled tokens, micro-batch 2.
+bf16, B = 4 x G = 8 x 1,024 sampled tokens, micro-batch 2; bench/memory_plan.py's prediction
+printed beside the measured peaks.
 The learning rate is 0: AdamW does all its work but the weights stay put, so every round samples
 the same (seeded) rollouts and times the same work. Each time is the best of 5 rounds (the real
 vocabulary: 2; --quick and --full-size: 1) after a warm-up round; every round runs one step of
-every contestant still racing, in turn. The load average is printed before and after: this is
-a shared machine, and a busy core slows torch's 2-thread CPU kernels far more than by half.
-Peak memory per part: on CPU the peak resident set of the process (psutil, sampled every 2 ms by
-a thread) minus the one at the start of the part, after freed heap pages are handed back to the
-system (glibc `malloc_trim`), measured in the untimed warm-up step; on a GPU
-`torch.cuda.max_memory_allocated` during the part: absolute, weights and optimiser state included.
-Not here: rewards (random numbers), data loading, logging, checkpoints.
+every contestant still racing, in turn. The load average is printed before and after: on a
+shared machine a busy core slows torch's 2-thread CPU kernels far more than by half.
+Peak memory per part: on CPU the peak resident-set rise (bench/common.py), measured in the
+untimed warm-up step; on a GPU `torch.cuda.max_memory_allocated` during the part: absolute,
+weights and optimiser state included.
+Not here: rewards (random numbers), data loading, logging, checkpoints; the read alone across
+vocabulary sizes (bench/head_read.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import dataclasses
 import math
 import os
-import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 import torch
@@ -79,17 +74,16 @@ from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import PAD, bias_logits, full_trace_logprobs  # noqa: E402  (the tests' hook and reference read)
+import memory_plan
+from common import MB, PAD, PeakRSS, bias_logits
 
-MB = 2**20
 TAG_RATES = {"block_open": 0.03, "path_close": 0.05, "summary_close": 0.05}  # target p(tag) per step
 QWEN25 = {  # the shapes of Qwen2.5-0.5B / 1.5B (their config.json), for --full-size
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
 }
 REAL_VOCAB, REAL_TOKENIZER = 151936, 151669  # Qwen's embedding rows; its tokenizer before the tags
-BEFORE, NOW = "full logits (before)", "chunked (now)"
+PLAIN, CHUNKED = "plain", "chunked"  # forward.trace_logprobs' head_read
 
 
 @dataclass
@@ -97,7 +91,7 @@ class BenchConfig:
     quick: bool = False  # smaller sizes, one round: a smoke run
     full_size: str = ""  # GPU only: "0.5b" or "1.5b", a random Qwen2.5 of that shape, 4-bit + LoRA ("" = the CPU contestants)
     long: bool = True  # also the real vocabulary at 8 x 1,024 tokens: peak memory, one round (CPU contestants)
-    baseline: bool = True  # also the full-logits read of before issue 13, beside today's chunked one
+    baseline: bool = True  # also the plain read (log_softmax of the full logits) beside the chunked one
     micro_batch: int = 0  # rows per forward/backward (0 = 8; 2 with --full-size)
     micro_batch_tokens: int = 0  # instead: rows sorted by length, packed so that rows x longest row <= this (0 = off)
     chunk: int = 0  # positions per LM-head chunk of the chunked read (0 = head.CHUNK_BYTES: 220 on the real vocabulary)
@@ -114,7 +108,7 @@ class Contestant:
     group: int  # G: responses per prompt
     new_tokens: int  # sampled tokens per response
     rewards: torch.Tensor  # [B * G] fixed +-1 rewards
-    reads: tuple[str, ...]  # BEFORE and/or NOW
+    reads: tuple[str, ...]  # PLAIN and/or CHUNKED
     repeats: int = 2  # timed rounds (the best counts), after a warm-up round; 0 = the warm-up only
     check: bool = True  # also time grpo_update itself in the timed rounds
 
@@ -150,36 +144,6 @@ def make_rewards(n, seed=0):
 
 
 # --- measuring -------------------------------------------------------------------------------
-def hand_back_free_memory():
-    """Return freed heap pages to the system (glibc), so the next part's RSS rise is its own."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-
-
-class PeakRSS:
-    """`with PeakRSS() as p:` ... `p.rise`: peak resident bytes above those at the start."""
-
-    def __enter__(self):
-        hand_back_free_memory()
-        self.process = psutil.Process()
-        self.start = self.peak = self.process.memory_info().rss
-        self.running = True
-        self.thread = threading.Thread(target=self.watch, daemon=True)
-        self.thread.start()
-        return self
-
-    def watch(self):
-        while self.running:
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.002)
-
-    def __exit__(self, *exc):
-        self.running = False
-        self.thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
-        self.rise = self.peak - self.start
-
-
 class Clock:
     """Runs the parts of one step: the seconds of each, and its peak memory (always on a GPU,
     where it is free; on CPU only when `memory`, since the watching thread takes CPU time)."""
@@ -209,7 +173,7 @@ class Clock:
 # --- one step --------------------------------------------------------------------------------
 def grpo_step(c: Contestant, config: BenchConfig, clocks: dict[str, Clock], check: bool, skip: set) -> dict:
     """One GRPO step of `c`: sampled once, then the update part by part with each training read
-    (`clocks[read]`; the full-logits read leaves out the parts in `skip`), then (`check`) grpo_update itself on the
+    (`clocks[read]`; the plain read leaves out the parts in `skip`), then (`check`) grpo_update itself on the
     same rollouts. -> sizes for the table"""
     model = c.model
     policy = Policy(c.tags, c.mode, 1.0, c.vocab_size)
@@ -233,40 +197,35 @@ def grpo_step(c: Contestant, config: BenchConfig, clocks: dict[str, Clock], chec
                              for m in micros])
     model.train()
     for read in c.reads:
-        clock, left_out = clocks[read], skip if read == BEFORE else set()
+        clock, left_out = clocks[read], skip if read == PLAIN else set()
         if read != c.reads[0]:
             clock.seconds["sample"], clock.seconds["layout"] = first.seconds["sample"], first.seconds["layout"]
-        fn = full_trace_logprobs if read == BEFORE else lambda *a, **k: trace_logprobs(*a, chunk=config.chunk or None, **k)
+        fn = lambda *a, **k: trace_logprobs(*a, chunk=config.chunk or None, head_read=read, **k)  # noqa: E731
 
         @torch.no_grad()
-        def no_grad_read():
-            return [fn(model, m, policy)[0] for m in micros]  # [b, T-1] each
-
         def reference_read():
             with c.reference.active():
-                return no_grad_read()
+                return [fn(model, m, policy)[0] for m in micros]  # [b, T-1] each
 
-        old = clock("old", lambda: (rollout_batch(rollouts, PAD, model.device), no_grad_read())[1]) \
-            if read == BEFORE and "old" not in left_out else None
         if "ref" not in left_out:
             clock("ref", reference_read)
 
         def train():
             c.optimizer.zero_grad(set_to_none=True)
-            for j, (rows, micro) in enumerate(zip(groups, micros)):
+            for rows, micro in zip(groups, micros):
                 new, entropy = fn(model, micro, policy, with_entropy=True)  # [b, T-1] each
-                before = new.detach() if old is None else old[j]
-                loss = policy_loss(new, before, adv[rows], micro.target_mask, total, grpo.clip)
+                loss = policy_loss(new, new.detach(), adv[rows], micro.target_mask, total, grpo.clip)
                 loss.backward()
                 loss.item()  # grpo_update logs the loss, the entropy and the gap: each a sync
                 (entropy * micro.target_mask).sum().item()
-                ((before - micro.recorded) * micro.target_mask).abs().sum().item()
+                ((new.detach() - micro.recorded) * micro.target_mask).abs().sum().item()
             apply_gradients(model, c.optimizer, grpo.max_grad_norm)
 
         if "train" not in left_out:
             clock("train", train)
-        if check and read == NOW:
-            clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, policy, grpo, PAD))
+        if check:
+            settings = dataclasses.replace(grpo, head_read=read)
+            clock("grpo_update", lambda: grpo_update(model, c.optimizer, rollouts, advantages, policy, settings, PAD))
     widths = [m.input_ids.shape[1] for m in micros]
     return dict(
         responses=len(rollouts), new_tokens=sum(r.stats.new_tokens for r in rollouts),
@@ -302,58 +261,54 @@ def race(contestants, config: BenchConfig, device, skips: dict[int, set]):
 
 # --- the table -------------------------------------------------------------------------------
 def add_rows(table, c: Contestant, best, peak, size, config: BenchConfig, note: str = ""):
-    """One block of rows: each part under each read, and the ratios now / before."""
-    cell = lambda read, part, what: ("—" if read not in best or part not in best[read] or best[read][part] == math.inf
-                                     else f"{best[read][part]:.3f}" if what == "s"
-                                     else f"{peak[read][part]:,.0f}" if part in peak[read] else "-")
+    """One block of rows: each part under each read, and the ratios plain / chunked."""
+    def cell(read, part, what):
+        if read not in best or part not in best[read] or best[read][part] == math.inf:
+            return "—"
+        return f"{best[read][part]:.3f}" if what == "s" else f"{peak[read][part]:,.0f}" if part in peak[read] else "-"
 
-    def ratio(part_before, part_now):  # time before / now, memory now / before
-        if BEFORE not in best or NOW not in best or part_now not in best[NOW] or part_before not in best[BEFORE]:
+    def ratio(part):  # time plain / chunked, memory chunked / plain
+        if PLAIN not in best or CHUNKED not in best or part not in best[CHUNKED] or part not in best[PLAIN]:
             return "", ""
-        t0, t1 = best[BEFORE][part_before], best[NOW][part_now]
+        t0, t1 = best[PLAIN][part], best[CHUNKED][part]
         speed = f"{t0 / t1:.2f}x" if math.isfinite(t0) and math.isfinite(t1) and t1 > 0 else ""
-        m0, m1 = peak[BEFORE].get(part_before), peak[NOW].get(part_now)
+        m0, m1 = peak[PLAIN].get(part), peak[CHUNKED].get(part)
         return speed, (f"{100 * m1 / m0:.0f}%" if m0 and m1 is not None else "")
 
-    read_tokens = size["read_tokens"]
     micro = (f"micro-batches of {config.micro_batch} rows" if not config.micro_batch_tokens
              else f"micro-batches packed under {config.micro_batch_tokens:,} tokens")
-    rows = [  # (label, part before, part now, note)
-        ("sample (shared)", "sample", None,
+    rows = [  # (label, part, shared by both reads, note)
+        ("sample (shared)", "sample", True,
          f"{size['responses']} x {c.new_tokens} sampled = {size['new_tokens']:,} tokens with tags; "
          f"{size['forks']} fork(s); KV {size['cache_mb']:.1f} MB"),
-        ("π_old read (no grad)", "old", None, "now none: π_old is the training read, detached"),
-        ("no-grad read (KL ref)", "ref", "ref",
-         f"also π_old's when updates > 1; {read_tokens:,} tokens read, {size['micro']} {micro}, "
+        ("no-grad read (KL ref)", "ref", False,
+         f"also π_old's when updates > 1; {size['read_tokens']:,} tokens read, {size['micro']} {micro}, "
          f"longest row {size['T']}"),
-        ("  layout (in each read)", "layout", None, f"4D mask: {size['mask_mb']:.2f} MB per micro-batch"),
-        ("forward+backward+opt", "train", "train", f"{size['trained']:,} sampled tokens in the loss"),
-        ("grpo_update (check)", None, "grpo_update", "the library function, kl 0: ~ the train row"),
+        ("  layout (in each read)", "layout", True, f"4D mask: {size['mask_mb']:.2f} MB per micro-batch"),
+        ("forward+backward+opt", "train", False, f"{size['trained']:,} sampled tokens in the loss"),
+        ("grpo_update (check)", "grpo_update", False, "the library function, kl 0: ~ the train row"),
     ]
-    for i, (label, part_before, part_now, row_note) in enumerate(rows):
-        shared = part_now is None and part_before in ("sample", "layout")
-        now_part = part_before if shared else part_now
-        if (part_before is None or part_before not in best.get(BEFORE, {}) or best[BEFORE][part_before] == math.inf) \
-                and (now_part is None or now_part not in best.get(NOW, {})):
+    first = c.reads[0]
+    for i, (label, part, shared, row_note) in enumerate(rows):
+        if not any(part in best[read] and best[read][part] < math.inf for read in c.reads):
             continue
-        speed, memory = ratio(part_before, part_now) if part_before and part_now else ("", "")
-        table.add_row(c.name if i == 0 else "", label,
-                      cell(BEFORE, part_before, "s") if part_before else "", cell(BEFORE, part_before, "mb") if part_before else "",
-                      cell(NOW, now_part, "s") if now_part and not shared else ("same" if shared else "—"),
-                      cell(NOW, now_part, "mb") if now_part and not shared else "",
-                      speed, memory, row_note)
+        if shared:
+            cells = [cell(first, part, "s"), cell(first, part, "mb"), "same", ""]
+        else:
+            cells = [cell(PLAIN, part, "s"), cell(PLAIN, part, "mb"), cell(CHUNKED, part, "s"), cell(CHUNKED, part, "mb")]
+        speed, memory = ("", "") if shared else ratio(part)
+        table.add_row(c.name if i == 0 else "", label, *cells, speed, memory, row_note)
     steps = {}
     for read, parts in best.items():
         if all(p in parts and math.isfinite(parts[p]) for p in ("sample", "train")):
-            step = parts["sample"] + parts["train"] + parts.get("old", 0.0)
+            step = parts["sample"] + parts["train"]
             steps[read] = (step, step + parts["ref"] if "ref" in parts else math.nan)
     cells = {read: f"{s:.3f} ({k:.3f})" for read, (s, k) in steps.items()}
     peak_of = {read: f"{max(peak[read].values()):,.0f}" if peak[read] else "" for read in steps}
-    speed = f"{steps[BEFORE][0] / steps[NOW][0]:.2f}x" if len(steps) == 2 else ""
-    table.add_row("", "step, kl 0 (kl > 0)", cells.get(BEFORE, ""), peak_of.get(BEFORE, ""), cells.get(NOW, ""),
-                  peak_of.get(NOW, ""), speed, "",
-                  note or f"sample + (π_old) + train (+ no-grad read); best of {c.repeats} after a warm-up",
-                  end_section=True)
+    speed = f"{steps[PLAIN][0] / steps[CHUNKED][0]:.2f}x" if len(steps) == 2 else ""
+    table.add_row("", "step, kl 0 (kl > 0)", cells.get(PLAIN, ""), peak_of.get(PLAIN, ""), cells.get(CHUNKED, ""),
+                  peak_of.get(CHUNKED, ""), speed, "",
+                  note or f"sample + train (+ no-grad read); best of {c.repeats} after a warm-up", end_section=True)
 
 
 def full_size_contestant(size, config: BenchConfig, device):
@@ -378,7 +333,7 @@ def full_size_contestant(size, config: BenchConfig, device):
     tags = TagIds(*range(REAL_TOKENIZER, REAL_TOKENIZER + 6))  # where Qwen's tokenizer puts them
     model = apply_lora(model, settings, tags)
     name = f"Qwen2.5-{size.upper()} shape, random, 4-bit + LoRA r{settings.lora_rank}, structured"
-    reads = (BEFORE, NOW) if config.baseline else (NOW,)
+    reads = (PLAIN, CHUNKED) if config.baseline else (CHUNKED,)
     return Contestant(name, model, "structured", tags, REAL_TOKENIZER + 6, make_prompts(4, tags), 8, 1024,
                       make_rewards(4 * 8), reads, 1)
 
@@ -389,11 +344,6 @@ def full_size_plan(size: str, config: BenchConfig, peaks: dict, console) -> None
     prompts of 16 tokens, K = 2 paths, 4 blocks, checkpointing on. The plan is a bound (every
     response inside a K-path block, every row as wide as the longest) and leaves out the CUDA
     context and the allocator's fragmentation, which max_memory_allocated also leaves out."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import memory_plan
-
     name = f"qwen2.5-{size}"
     T = memory_plan.sequence_tokens(16, 1024, 2, 4)
     micro = config.micro_batch if not config.micro_batch_tokens else max(1, config.micro_batch_tokens // T)
@@ -403,12 +353,12 @@ def full_size_plan(size: str, config: BenchConfig, peaks: dict, console) -> None
                         "tokens) beside the measured peaks, MB")
     for column in ("read", "part", "predicted (plan)", "measured (cuda max allocated)", "measured / predicted"):
         table.add_column(column)
-    for read, chunk in ((NOW, config.chunk or memory_plan.DEFAULT_CHUNK), (BEFORE, 0)):
+    for read, chunk in ((CHUNKED, config.chunk or memory_plan.DEFAULT_CHUNK), (PLAIN, 0)):
         if read not in peaks:
             continue
         plan = memory_plan.predict(name, chunk_tokens=chunk, **shared)
         for part, key in (("sample", "sampling_peak"), ("train", "training_peak")):
-            if part not in peaks[read] or (read == BEFORE and part == "sample"):
+            if part not in peaks[read] or (read == PLAIN and part == "sample"):
                 continue
             predicted, measured = plan[key] / MB, peaks[read][part]
             table.add_row(read, part, f"{predicted:,.0f}", f"{measured:,.0f}", f"{measured / predicted:.2f}")
@@ -416,17 +366,17 @@ def full_size_plan(size: str, config: BenchConfig, peaks: dict, console) -> None
 
 
 def long_plan(short_peaks: dict, short_tokens: int, long_tokens: int) -> tuple[set, str]:
-    """Which parts of the full-logits read the 8 x 1,024 step leaves out: those whose memory,
+    """Which parts of the plain read the 8 x 1,024 step leaves out: those whose memory,
     scaled linearly in tokens from the 8 x 152 step, exceeds half of the memory available now.
     -> (skipped parts, a note)"""
     available = psutil.virtual_memory().available / MB
     skipped, notes = set(), []
-    for part, label in (("old", "π_old read"), ("ref", "no-grad read"), ("train", "training pass")):
+    for part, label in (("ref", "no-grad read"), ("train", "training pass")):
         need = short_peaks.get(part, math.inf) * long_tokens / short_tokens
         if need > available / 2:
             skipped.add(part)
             notes.append(f"{label} needs ~{need / 1024:.1f} GB")
-    note = (f"full logits skipped where they would not fit: {', '.join(notes)} (scaled from 8 x 152), "
+    note = (f"plain read skipped where they would not fit: {', '.join(notes)} (scaled from 8 x 152), "
             f"{available / 1024:.1f} GB available" if skipped else "")
     return skipped, note
 
@@ -441,7 +391,7 @@ def main(argv: list[str] | None = None):
     config.micro_batch = config.micro_batch or (2 if config.full_size else 8)
     prompts, group = (2, 4) if config.quick else (4, 8)  # B, G
     new_tokens = 32 if config.quick else 128
-    reads = (BEFORE, NOW) if config.baseline else (NOW,)
+    reads = (PLAIN, CHUNKED) if config.baseline else (CHUNKED,)
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     console = Console(width=240)
     console.print(f"device: {device.type} ({where}); load average before: {os.getloadavg()[0]:.2f}")
@@ -464,11 +414,11 @@ def main(argv: list[str] | None = None):
     memory_label = "peak MB (cuda max allocated)" if device.type == "cuda" else "peak MB (RSS rise)"
     table = Table(title=f"one GRPO step, part by part ({where}, B={prompts} x G={group}, "
                         f"{new_tokens} new tokens{', quick' if config.quick else ''})")
-    for column in ("model", "part", "before: s", "before: MB", "now: s", "now: MB", "speed-up", "MB now/before",
-                   "note"):
+    for column in ("model", "part", "plain: s", "plain: MB", "chunked: s", "chunked: MB", "speed-up",
+                   "MB chunked/plain", "note"):
         table.add_column(column, overflow="fold")
-    table.caption = (f"before = {BEFORE}, the read of before issue 13; now = {NOW}, head.py; MB = {memory_label}; "
-                     "speed-up = before / now seconds")
+    table.caption = (f"plain = log_softmax of the full logits; chunked = head.py; MB = {memory_label}; "
+                     "speed-up = plain / chunked seconds")
     for c, b, p, s in zip(contestants, best, peaks, sizes):
         add_rows(table, c, b, p, s, config)
     if config.full_size:
@@ -476,11 +426,11 @@ def main(argv: list[str] | None = None):
     if config.long and not config.full_size and device.type == "cpu":
         short_tokens = sizes[-1]["rows"] * sizes[-1]["T"]
         long_tokens = config.micro_batch * (16 + (64 if config.quick else 1024) + 16)  # ~ rows x (prompt + response)
-        skipped, note = long_plan(peaks[-1].get(BEFORE, {}), short_tokens, long_tokens) if config.baseline else (set(), "")
+        skipped, note = long_plan(peaks[-1].get(PLAIN, {}), short_tokens, long_tokens) if config.baseline else (set(), "")
         long = tiny_contestant(f"real 151,936 vocab, {64 if config.quick else 1024} new tokens", "structured", REAL_VOCAB, REAL_TOKENIZER, reads, 0,
                                False, 1, config.micro_batch, 64 if config.quick else 1024, device, **real)
         console.print(f"the 8 x 1,024 step; {note or 'every part of both reads fits'}; load average {os.getloadavg()[0]:.2f}")
-        long_best, long_peaks, long_sizes = race([long], config, device, {0: {"old", "ref", "train"} & skipped})
+        long_best, long_peaks, long_sizes = race([long], config, device, {0: {"ref", "train"} & skipped})
         add_rows(table, long, long_best[0], long_peaks[0], long_sizes[0], config,
                  note or "one round: times measured with the memory watcher on")
     console.print(table)

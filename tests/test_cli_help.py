@@ -12,6 +12,7 @@ import sample
 import train
 from conftest import ROOT
 
+sys.path.append(str(ROOT / "bench"))  # as `python bench/train_step.py` has it: its helpers beside it
 _spec = importlib.util.spec_from_file_location("train_step_bench", ROOT / "bench" / "train_step.py")
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # (dataclasses look their module up)
 _spec.loader.exec_module(bench)

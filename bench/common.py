@@ -1,0 +1,79 @@
+"""What the benchmarks share: peak resident memory of a piece of work, and a logit bias that makes
+a tiny random model write tags.
+
+On CPU a part's memory is the peak resident set (psutil, sampled every 2 ms by a thread) minus
+the one at its start, after freed heap pages are handed back to the system (glibc `malloc_trim`),
+so that each part's rise is its own. `bias_logits` adds a fixed row to the output embedding's
+logits on every forward: at temperature 1 a tiny random model then samples `<Parallel>` and the
+other tags often enough that the sampler forks.
+
+Imported by the scripts beside it (`from common import PeakRSS`: a script's folder is on sys.path).
+Not here: what is measured (train_step.py, head_read.py, memory_measure.py, sampler.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import threading
+import time
+
+import psutil
+import torch
+
+MB = 2**20
+PAD = 0  # the padding id of the benchmarks' batches
+
+
+def hand_back_free_memory() -> None:
+    """Return freed heap pages to the system (glibc), so the next part's RSS rise is its own."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+class PeakRSS:
+    """`with PeakRSS() as p:` ... `p.rise`: peak resident bytes above those at the start."""
+
+    def __enter__(self):
+        hand_back_free_memory()
+        self.process = psutil.Process()
+        self.start = self.peak = self.process.memory_info().rss
+        self.running = True
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def watch(self):
+        while self.running:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+        self.rise = self.peak - self.start
+
+
+def peak_rise(fn) -> tuple[int, object]:
+    """(peak resident bytes above those at the start, fn's result)."""
+    gc.collect()
+    with PeakRSS() as watch:
+        result = fn()
+    return watch.rise, result
+
+
+def bias_logits(model, bias: dict[int, float]):
+    """Add `bias[id]` to the logit of each id on every forward (a hook on the output embedding).
+    -> the hook's handle (`handle.remove()` takes the bias off)"""
+    ids, values = list(bias), list(bias.values())
+    row = []  # the [V] bias, built at the first forward in the logits' dtype and device
+
+    def add(module, args, out):  # out [..., V]
+        if not row:
+            row.append(torch.zeros(out.shape[-1], dtype=out.dtype, device=out.device))
+            row[0][ids] = torch.tensor(values, dtype=out.dtype, device=out.device)
+        return out + row[0]
+
+    return model.get_output_embeddings().register_forward_hook(add)
