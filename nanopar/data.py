@@ -55,7 +55,7 @@ class Source:
     model_names: tuple[str, ...] = ()  # the names `model` builds ("toy:model"), listed in errors
     instructions: dict[str, str] | None = None  # its own text for an instruction name ("parallel" -> ...)
     bases: dict[str, str] | None = None  # recipe -> the traces its base model is pretrained on (--pretrain-data auto)
-    test_sets: dict[str, str] | None = None  # training set -> its held-out set ("toy:easy" -> "toy:easy:heldout")
+    heldout_sets: dict[str, str] | None = None  # training set -> its held-out set ("toy:easy" -> "toy:easy:heldout")
 
 
 # spec prefix -> Source, or "module:attribute" of one, imported on first use (then stored here)
@@ -113,12 +113,12 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
 TEST_SETS: dict[str, str] = {"gsm8k_train": "gsm8k"}
 
 
-def test_set_of(spec: str) -> str | None:
-    """The held-out set that goes with a training set: a registered source's own (`Source.test_sets`)
+def heldout_set_of(spec: str) -> str | None:
+    """The held-out set that goes with a training set: a registered source's own (`Source.heldout_sets`)
     or a shipped one (`TEST_SETS`); None when there is none (the caller holds out a slice)."""
     source = source_for(spec)
     if source is not None:
-        return (source.test_sets or {}).get(spec)
+        return (source.heldout_sets or {}).get(spec)
     return TEST_SETS.get(spec)
 
 SLICE = re.compile(r"^(.+)\[(-?\d*):(-?\d*)\]$")  # "spec[start:stop]": a slice of a data set's problems

@@ -21,7 +21,7 @@ import os
 from . import NanoparError
 from .checkpoint import checkpoint_schema
 from .config import flags_given
-from .data import load_problems, source_for, test_set_of
+from .data import load_problems, source_for, heldout_set_of
 from .model import is_built
 
 REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1's K = 2, budgets for real answers
@@ -93,14 +93,14 @@ def _resolve_training_placeholders(config, put) -> None:
 
 def auto_eval_sets(config) -> list[str]:
     """What --eval-data auto stands for: the held-out set that goes with the run's easy and hard
-    data (`data.test_set_of`: "toy:easy" -> "toy:easy:heldout", gsm8k_train -> gsm8k), else the
+    data (`data.heldout_set_of`: "toy:easy" -> "toy:easy:heldout", gsm8k_train -> gsm8k), else the
     set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"), which the run
     leaves out of training (`run_inputs.RunInputs.problems`). Never a problem the run trains on."""
     sets = []
     for spec in dict.fromkeys(s for s in (config.easy_data, config.hard_data) if s and config.eval_problems):
-        test_set = test_set_of(spec)
-        if test_set is not None:
-            sets.append(test_set)
+        heldout_set = heldout_set_of(spec)
+        if heldout_set is not None:
+            sets.append(heldout_set)
         else:
             whole = load_problems(spec, config.question_field or None, config.answer_field or None)
             if len(whole) >= 2:

@@ -128,4 +128,4 @@ def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, se
 # the toy world as a data source (data.SOURCES["toy"]): "toy:easy" problems, "toy:parallel" traces, "toy:model"
 SOURCE = Source(problems=toy_problems, traces=teacher_traces, model=toy_model, model_names=(MODEL_NAME,),
                 instructions=INSTRUCTIONS, bases={"parallel-r1": "toy:sequential", "npr": "toy:instruct"},
-                test_sets={f"toy:{level}": f"toy:{level}:heldout" for level in LEVELS})
+                heldout_sets={f"toy:{level}": f"toy:{level}:heldout" for level in LEVELS})
