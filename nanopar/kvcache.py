@@ -9,11 +9,10 @@ finished lanes change the set of rows, which `rebuild` does in one pass per step
     row 0   . . . a b c d      lens = [4, 6]   (. = padding, never attended)
     row 1   . p q r s t u
 
-A decode step copies the cache once anyway (`DynamicCache` appends a column by concatenation), so
-`rebuild` is lazy: it records the new rows, and the next step's append builds them in that same
-copy (`index_select` straight into the new tensor), instead of a copy of its own. The tensors the
-model sees are exactly those an eager rebuild would give.
-
+`LaneCache.rebuild` copies the new rows at once (`rebuilt_rows`, the plain version).
+`LazyLaneCache` gives the model the very same tensors one copy cheaper: a decode step copies the
+cache anyway (`DynamicCache` appends a column by concatenation), so its rebuild only records the
+new rows and the next step's append builds them in that same copy.
 Not here: what the lanes mean (sampler.py) or which positions their tokens have (layout.py).
 """
 
@@ -28,75 +27,58 @@ from transformers.cache_utils import DynamicLayer
 Piece = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one row [H, n, D]
 
 
-@dataclass
-class _Plan:
-    """A pending rebuild: the rows `index` of the old cache (trimmed or padded to `width`
-    columns), then one row per piece of `extra`."""
+def rebuilt_rows(old: torch.Tensor, keep: torch.Tensor, extra: list[torch.Tensor], width: int,
+                 new: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer's keys or values with new rows: the rows `keep` of `old`, then one row per tensor
+    of `extra`, each right-aligned in `width` columns (zeros on the left, extra columns on the
+    left cut), then the columns `new` appended to every row (the lazy rebuild's step). One copy.
 
-    index: torch.Tensor  # [n_keep] long
-    extra: list[Piece]
-    width: int
-
-
-def _rebuilt(old: torch.Tensor, plan: _Plan, layer: int, which: int, new: torch.Tensor | None) -> torch.Tensor:
-    """One layer's keys (which = 0) or values (1) after `plan`, and `new` columns appended. One copy."""
+    old [N, H, W, D], keep [n_keep] long, extra: [H, n, D] each, new [n_keep + n_extra, H, m, D]
+    -> [n_keep + n_extra, H, width + m, D]
+    """
     N, H, W, D = old.shape
-    width, keep = plan.width, plan.index.shape[0]
-    out = old.new_empty(keep + len(plan.extra), H, width + (0 if new is None else new.shape[-2]), D)
-    shared = min(width, W)
-    out[:keep, :, : width - shared] = 0
-    rows = out[:keep, :, width - shared : width]
+    n_keep = keep.shape[0]
+    out = old.new_empty(n_keep + len(extra), H, width + (0 if new is None else new.shape[-2]), D)
+    shared = min(width, W)  # columns of the old rows that fit
+    out[:n_keep, :, : width - shared] = 0
+    rows = out[:n_keep, :, width - shared : width]  # [n_keep, H, shared, D]
     if old.device.type == "cpu":  # straight into the new tensor (an advanced-index gather is ~5x slower)
-        torch.index_select(old[:, :, W - shared :], 0, plan.index, out=rows)
+        torch.index_select(old[:, :, W - shared :], 0, keep, out=rows)
     else:  # (a strided `out` is a CPU-tested path only)
-        rows.copy_(torch.index_select(old[:, :, W - shared :], 0, plan.index))
-    for j, piece in enumerate(plan.extra):
-        part = piece[layer][which]  # [H, n, D]
-        out[keep + j, :, : width - part.shape[-2]] = 0
-        out[keep + j, :, width - part.shape[-2] : width] = part
+        rows.copy_(torch.index_select(old[:, :, W - shared :], 0, keep))
+    for j, part in enumerate(extra):
+        out[n_keep + j, :, : width - part.shape[-2]] = 0
+        out[n_keep + j, :, width - part.shape[-2] : width] = part
     if new is not None:
         out[:, :, width:] = new
     return out
 
 
-class _Layer(DynamicLayer):
-    """A `DynamicLayer` whose next update first applies the owner's pending rebuild, in the same copy."""
-
-    def __init__(self, owner: "LaneCache", index: int, keys: torch.Tensor, values: torch.Tensor):
-        super().__init__()
-        self.owner, self.index = owner, index
-        self.keys, self.values, self.is_initialized, self.device = keys, values, True, keys.device
-
-    def get_seq_length(self) -> int:  # what the model reads before its update: the rebuilt width
-        return self.owner.width
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        plan = self.owner.plan
-        if plan is None:
-            return super().update(key_states, value_states)
-        self.keys = _rebuilt(self.keys, plan, self.index, 0, key_states)
-        self.values = _rebuilt(self.values, plan, self.index, 1, value_states)
-        if self.index == len(self.owner.cache.layers) - 1:  # the last layer: the rebuild is done
-            self.owner.plan = None
-        return self.keys, self.values
-
-
 class LaneCache:
+    """The rows of a `DynamicCache` as lanes; `rebuild` copies the new rows at once."""
+
     def __init__(self, cache: DynamicCache, lens: list[int]):
         self.cache = cache  # the model's cache object, passed to every forward
         self.lens = list(lens)  # real tokens per row (right-aligned)
         self._mask = None  # [N, columns] the step mask with spare columns; steps keep it, rebuilds reset it
-        self.plan: _Plan | None = None  # a rebuild the next forward applies
-        cache.layers[:] = [_Layer(self, i, layer.keys, layer.values) for i, layer in enumerate(cache.layers)]
 
     @property
     def width(self) -> int:
         """Columns per row (the longest lane plus nothing: `rebuild` trims shared padding)."""
-        return self.plan.width if self.plan is not None else self.cache.layers[0].keys.shape[-2]
+        return self.cache.layers[0].keys.shape[-2]
+
+    def rebuild(self, keep: list[int], extra: list[Piece]) -> None:
+        """New rows: the rows `keep` (in that order, repeats allowed = duplication), then `extra`.
+        Rows not kept are freed; shared left padding is trimmed."""
+        self.lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for i, layer in enumerate(self.cache.layers):
+            layer.keys = rebuilt_rows(layer.keys, index, [piece[i][0] for piece in extra], max(self.lens, default=0))
+            layer.values = rebuilt_rows(layer.values, index, [piece[i][1] for piece in extra], max(self.lens, default=0))
+        self._mask = None
 
     def piece(self, row: int, start: int, end: int) -> Piece:
         """A copy of tokens [start, end) of a lane (0 = its first real token), every layer."""
-        self.settle()
         offset = self.width - self.lens[row]
         return [
             (layer.keys[row, :, offset + start : offset + end].clone(),
@@ -123,30 +105,7 @@ class LaneCache:
 
     def appended(self) -> None:
         """Record the column the last forward appended to every row."""
-        if self.plan is not None:
-            raise RuntimeError("the forward did not update the lane cache (use_cache=True, cache=LaneCache.cache)")
         self.lens = [n + 1 for n in self.lens]
-
-    def rebuild(self, keep: list[int], extra: list[Piece]) -> None:
-        """New rows: the rows `keep` (in that order, repeats allowed = duplication), then `extra`.
-
-        Rows not kept are freed; shared left padding is trimmed. Lazy: the next forward's append
-        does it (`settle` does it now).
-        """
-        self.settle()
-        lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.plan = _Plan(index, extra, max(lens, default=0))
-        self.lens = lens
-        self._mask = None
-
-    def settle(self) -> None:
-        """Apply a pending rebuild now, without a forward."""
-        if self.plan is not None:
-            for i, layer in enumerate(self.cache.layers):
-                layer.keys = _rebuilt(layer.keys, self.plan, i, 0, None)
-                layer.values = _rebuilt(layer.values, self.plan, i, 1, None)
-            self.plan = None
 
     @property
     def device(self) -> torch.device:
@@ -155,6 +114,82 @@ class LaneCache:
     def nbytes(self) -> int:
         """Bytes held by keys and values."""
         return sum(l.keys.nbytes + l.values.nbytes for l in self.cache.layers)
+
+
+# ------------------------------------------------------------------ the lazy rebuild
+
+
+@dataclass
+class _Plan:
+    """A pending rebuild: the rows `keep` of the old cache, then one row per piece of `extra`, in
+    `width` columns."""
+
+    keep: torch.Tensor  # [n_keep] long
+    extra: list[Piece]
+    width: int
+
+
+class LazyLaneCache(LaneCache):
+    """A `LaneCache` whose `rebuild` rides on the next forward's append: the same tensors, one
+    copy of the cache fewer per rebuild."""
+
+    def __init__(self, cache: DynamicCache, lens: list[int]):
+        super().__init__(cache, lens)
+        self.plan: _Plan | None = None  # a rebuild the next forward applies
+        cache.layers[:] = [_Layer(self, i, layer.keys, layer.values) for i, layer in enumerate(cache.layers)]
+
+    @property
+    def width(self) -> int:
+        return self.plan.width if self.plan is not None else super().width
+
+    def rebuild(self, keep: list[int], extra: list[Piece]) -> None:
+        """As `LaneCache.rebuild`, done by the next forward's append (`settle` does it now)."""
+        self.settle()
+        self.lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
+        keep = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.plan = _Plan(keep, extra, max(self.lens, default=0))
+        self._mask = None
+
+    def settle(self) -> None:
+        """Apply a pending rebuild now, without a forward."""
+        if self.plan is not None:
+            plan, self.plan = self.plan, None
+            for i, layer in enumerate(self.cache.layers):
+                layer.keys = rebuilt_rows(layer.keys, plan.keep, [piece[i][0] for piece in plan.extra], plan.width)
+                layer.values = rebuilt_rows(layer.values, plan.keep, [piece[i][1] for piece in plan.extra], plan.width)
+
+    def piece(self, row: int, start: int, end: int) -> Piece:
+        self.settle()
+        return super().piece(row, start, end)
+
+    def appended(self) -> None:
+        if self.plan is not None:
+            raise RuntimeError("the forward did not update the lane cache (use_cache=True, cache=LaneCache.cache)")
+        super().appended()
+
+
+class _Layer(DynamicLayer):
+    """A `DynamicLayer` whose next update first applies the owner's pending rebuild, in the same copy."""
+
+    def __init__(self, owner: LazyLaneCache, index: int, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.owner, self.index = owner, index
+        self.keys, self.values, self.is_initialized, self.device = keys, values, True, keys.device
+
+    def get_seq_length(self) -> int:  # what the model reads before its update: the rebuilt width
+        return self.owner.width
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        plan = self.owner.plan
+        if plan is None:
+            return super().update(key_states, value_states)
+        self.keys = rebuilt_rows(self.keys, plan.keep, [piece[self.index][0] for piece in plan.extra], plan.width,
+                                 key_states)
+        self.values = rebuilt_rows(self.values, plan.keep, [piece[self.index][1] for piece in plan.extra], plan.width,
+                                   value_states)
+        if self.index == len(self.owner.cache.layers) - 1:  # the last layer: the rebuild is done
+            self.owner.plan = None
+        return self.keys, self.values
 
 
 def join(pieces: list[Piece]) -> Piece:

@@ -1,24 +1,27 @@
-"""The parallel-branch sampler: batched lanes over one KV cache, forked into branches, merged after.
+r"""The parallel-branch sampler: batched lanes over one KV cache, forked into branches, merged after.
 
-A *lane* is one sequence being decoded; all lanes decode in one forward. The tag schema
-(`tags.TagSchema`, read through `trace.read_tag`) decides what a tag means, so the sampler and
-the trainer's layout cannot disagree. Structured mode (Unseen): the schema's fork tag in the main
-chain (`<Parallel>`; NPR: `</guideline>`) *forks* the lane: its cache row is duplicated into K
-branches, K = `settings.paths` (Parallel-R1) or the number of plans just written (NPR: one plan
-is a step of the main chain, no copy); branch k is forced to open its path (`<Path>`; NPR:
-`<step>` and its number "k:") at `layout.path_start` (start + k × the policy's stride); a branch
-that closes its path waits for its siblings, then they *merge* into one lane, cache row prefix ‖
-branch₁ ‖ … ‖ branch_K as decoded (zero recompute), fed the schema's merge tags
-(`</Parallel><Summary>`; NPR: `<takeaway>`) at `layout.after_block`. Causal mode (Seen) is plain
-decoding: no fork, the model writes every tag itself and so chooses how many paths a block has;
-later paths see earlier ones as training reads them. Rules, counted in the stats, never raised:
-a tag sampled where it means nothing is plain text; EOS ends the response (structured, in a path:
-the path); `max_path_tokens` closes a path with an inserted close tag; a spent `max_new_tokens`
-(counted over all branches, NPR) ends the response (structured: its open paths are closed);
-after `max_blocks` blocks the block tag cannot be drawn, nor (NPR) a plan beyond `paths`, nor
-`</guideline>` before a plan. Inserted tokens are marked not sampled: never trained on. `Policy`
-is the distribution the trainer reads; `SamplerSettings` holds budgets and draw knobs. Not here:
-prompts (prompts.py), rewards, gradients.
+A *lane* is one sequence being decoded, one row of the cache (kvcache.py); every lane decodes in
+the same forward. Structured mode (Unseen): a lane that writes the schema's fork tag is *forked*
+into K branch lanes (copies of its row), branch k forced to open its path at `layout.path_start`;
+a branch that closes its path leaves its cache piece with its block and its row goes; when the
+last one closes, the pieces are joined into one row, prefix ‖ path₁ ‖ … ‖ path_K as decoded (zero
+recompute), fed the merge tags at `layout.after_block`. One prompt q, K = 3, stride 0:
+
+    forward  fed @ position        rows after it (b1 b2 b3: the branches)
+    1-3      a @1, b @2, P @3      0: q a b P                 P read: fork, row 0 copied three times
+    4        A @4 (each branch)    b1: q a b P A   b2: q a b P A   b3: q a b P A
+    5        x y z @5              b1: … A x       b2: … A y       b3: … A z
+    6        / y z @6              b1: … A x /     b2: … A y y     b3: … A z z     b1 closed: piece q a b P A x /
+    7        / z @7                b2: … A y y /   b3: … A z z z                   b2 closed: piece A y y /
+    8        / @8                  b3: … A z z z /                                 last: piece A z z z /, joined
+    9        \ @9 (4 + longest 5)  0: q a b P A x / A y y / A z z z / \            S forced next, @10
+
+(P <Parallel>, A <Path>, / </Path>, \ </Parallel>, S <Summary>.) NPR (`tags.NPR`) differs only in
+named helpers: it forks at </guideline>, one branch per plan (`branch_count`), a branch opens
+<step> and its label "k:" (`path_opening`), the merge feeds <takeaway> (`merge_tags`), and the
+plans are capped (`plan_bans`). Causal mode (Seen) is plain decoding: the model writes every tag
+itself, later paths see earlier ones as training reads them. Inserted tokens are marked not
+sampled: never trained on. Not here: prompts (prompts.py), rewards, gradients.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import NanoparError
-from .kvcache import LaneCache, Piece, join
+from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start
 from .policy import Policy, draw
 from .tags import MAX_PATHS
@@ -109,11 +112,28 @@ class _Tokens:
 
 @dataclass
 class _Block:
-    """A block in flight: its paths' tokens, and the cache of each finished path."""
+    """A block in flight: its paths' tokens, and the cache piece of each path once it is closed."""
 
     start: int  # rotary position of the first path's <Path> (path k: layout.path_start)
     paths: list[_Tokens]
-    pieces: list = field(default_factory=list)  # per path: its cache piece once done (None before)
+    pieces: list[Piece | None] = field(default_factory=list)  # per path: its cache piece, None while open
+
+    def __post_init__(self):
+        self.pieces = [None] * len(self.paths)
+
+    def keep_piece(self, k: int, cache: LaneCache, row: int) -> None:
+        """Path k is closed on cache row `row`: keep its columns (path 0 with the shared prefix)."""
+        whole = cache.lens[row]
+        start = 0 if k == 0 else whole - len(self.paths[k].ids)
+        self.pieces[k] = cache.piece(row, start, whole)
+
+    @property
+    def closed(self) -> bool:
+        return all(piece is not None for piece in self.pieces)
+
+    def merged_row(self) -> Piece:
+        """The cache row of the merged lane: prefix ‖ path₁ ‖ … ‖ path_K, as decoded."""
+        return join(self.pieces)
 
 
 @dataclass
@@ -128,6 +148,14 @@ class _Response:
     path_lengths: list[list[int]] = field(default_factory=list)
     block: _Block | None = None  # the block in flight
     finish: str | None = None
+
+    def take_block(self) -> _Block:
+        """The block in flight, ended: its paths are written into the response, one after another."""
+        block, self.block = self.block, None
+        self.path_lengths.append([len(path.ids) for path in block.paths])
+        for path in block.paths:
+            self.tokens.extend(path)
+        return block
 
 
 @dataclass
@@ -151,6 +179,7 @@ def sample(
     settings: SamplerSettings,  # budgets and draw knobs
     eos_ids: list[int],
     samples_per_prompt: int = 1,  # G: responses per prompt (prompt-major order)
+    lane_cache: type[LaneCache] = LazyLaneCache,  # the plain LaneCache samples the very same tokens, slower
 ) -> list[Rollout]:
     """Sample responses to `prompts` (lists of token ids) with parallel branches."""
     settings.check()
@@ -162,7 +191,7 @@ def sample(
     generator = None
     if settings.seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(settings.seed)
-    decoder = _Decoder(model, policy, settings, set(eos_ids), generator)
+    decoder = _Decoder(model, policy, settings, set(eos_ids), generator, lane_cache)
     try:
         rollouts = decoder.run(prompts, samples_per_prompt)
     finally:
@@ -174,10 +203,19 @@ def sample(
 
 
 class _Decoder:
-    """One call of `sample`: the lanes, their cache, and the decode loop."""
+    """One call of `sample`: the lanes, their cache, and the decode loop.
 
-    def __init__(self, model, policy: Policy, settings: SamplerSettings, eos: set[int], generator):
+    Rules, counted in the stats, never raised: a tag sampled where it means nothing is plain text;
+    EOS ends the response (structured, in a path: the path); `max_path_tokens` closes a path with
+    an inserted close tag; a spent `max_new_tokens` (counted over all branches) ends the response
+    (structured: its open paths are closed); after `max_blocks` blocks the block tag cannot be
+    drawn (`banned`).
+    """
+
+    def __init__(self, model, policy: Policy, settings: SamplerSettings, eos: set[int], generator,
+                 lane_cache: type[LaneCache]):
         self.model, self.policy, self.settings, self.eos, self.generator = model, policy, settings, eos, generator
+        self.lane_cache = lane_cache
         self.tags = policy.tag_ids
         self.schema = self.tags.schema if self.tags else None
         self.tag_names = self.tags.names() if self.tags else {}  # token id -> tag role
@@ -201,11 +239,12 @@ class _Decoder:
                 if lane.action == "fork":
                     kept += [(row, branch) for branch in self.fork(lane, response)]
                 elif lane.action == "end_path":
-                    merge = self.end_path(lane, row, response)
-                    if merge is not None and merge[0] is None:  # a block of one branch: the row goes on
-                        kept.append((row, merge[1]))
-                    elif merge is not None:
-                        merged.append(merge)
+                    block = response.block
+                    after = self.end_path(lane, row, response)  # None while a sibling path is open
+                    if after is not None and len(block.paths) == 1:  # its row already holds prefix ‖ path
+                        kept.append((row, after))
+                    elif after is not None:
+                        merged.append((block.merged_row(), after))
                 elif self.advance(lane, response, drawn[row], chosen[row]):
                     kept.append((row, lane))
             kept = [(row, lane) for row, lane in kept if not self.responses[lane.response].finish]
@@ -231,7 +270,7 @@ class _Decoder:
             input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
             use_cache=True, logits_to_keep=1,
         )
-        self.cache = LaneCache(out.cache, [len(p) for p in prompts])
+        self.cache = self.lane_cache(out.cache, [len(p) for p in prompts])
         rows = [p for p in range(len(prompts)) for _ in range(samples_per_prompt)]
         if samples_per_prompt > 1:
             self.cache.rebuild(rows, [])
@@ -284,7 +323,7 @@ class _Decoder:
             lane.state, structural = read_tag(lane.state, role, self.schema)
             if not structural:
                 response.stray += 1
-            elif self.structured and role == self.schema.fork_role:
+            elif self.structured and role == self.schema.fork_role:  # <Parallel>; NPR: </guideline>
                 lane.action = "fork"
             elif self.structured and role == "path_close":
                 lane.action = "end_path"
@@ -292,7 +331,7 @@ class _Decoder:
                 lane.path_sampled = 0
             if structural and role == "block_open":
                 response.forks, response.plans = response.forks + 1, 0
-            elif structural and role == "plan_close":
+            elif structural and role == "plan_close":  # NPR
                 response.plans += 1
         if lane.state == "path" and lane.action is None and not lane.forced:
             if lane.path_sampled >= self.settings.max_path_tokens:
@@ -300,56 +339,64 @@ class _Decoder:
         return True
 
     def fork(self, parent: _Lane, response: _Response) -> list[_Lane]:
-        """The parent has just been fed the fork tag: K branches, each forced to open its path
-        (and, NPR, to write its number). K = `paths`, or the plans just written (>= 1: banned)."""
-        K = response.plans if self.schema.planned else self.settings.paths
-        response.block = _Block(start=parent.position, paths=[_Tokens() for _ in range(K)], pieces=[None] * K)
+        """The parent has just been fed the fork tag: K branches, each forced to open its path."""
+        K = self.branch_count(response)
+        response.block = _Block(start=parent.position, paths=[_Tokens() for _ in range(K)])
         branches = []
         for k in range(K):
+            first, *rest = self.path_opening(k)
             branch = _Lane(response=parent.response, state=read_tag("block", "path_open", self.schema)[0],
                            position=path_start(parent.position, k, self.policy.path_stride),
-                           pending=self.tags.path_open, out=response.block.paths[k], path=k,
-                           forced=list(self.tags.labels[k]) if self.tags.labels else [])
-            branch.out.add(self.tags.path_open, sampled=False)
+                           pending=first, out=response.block.paths[k], path=k, forced=rest)
+            branch.out.add(first, sampled=False)
             branches.append(branch)
         return branches
 
-    def end_path(self, lane: _Lane, row: int, response: _Response):
-        """A branch has been fed its close tag: keep its cache piece; merge when it is the last.
-        -> None (siblings still decoding), or (merged cache row, or None = keep the row; lane)."""
+    def end_path(self, lane: _Lane, row: int, response: _Response) -> _Lane | None:
+        """A branch has been fed its close tag: its block keeps its cache piece, and its row goes.
+        -> the lane that continues after the block once every path is closed; None before."""
         block = response.block
-        if len(block.paths) == 1:  # nothing to join: the branch's row is already prefix ‖ path
-            return None, self.merge(lane, response)
-        path_length = len(block.paths[lane.path].ids)
-        whole = self.cache.lens[row]
-        # branch 0 keeps the prefix too; the others only their path
-        start = 0 if lane.path == 0 else whole - path_length
-        block.pieces[lane.path] = self.cache.piece(row, start, whole)
-        if any(p is None for p in block.pieces):
-            return None
-        return join(block.pieces), self.merge(lane, response)
+        if len(block.paths) > 1:  # (one path: its row is already prefix ‖ path and simply goes on)
+            block.keep_piece(lane.path, self.cache, row)
+            if not block.closed:
+                return None
+        return self.merge(lane, response)
 
     def merge(self, last: _Lane, response: _Response) -> _Lane:
-        """Every path is done: one lane again, fed the schema's merge tags (</Parallel><Summary>)."""
-        block = response.block
-        paths = block.paths
-        lengths = [len(p.ids) for p in paths]
-        response.path_lengths.append(lengths)
-        for path in paths:
-            response.tokens.extend(path)
-        response.block = None
-        first, *rest = [getattr(self.tags, role) for role in self.schema.merge_roles]
+        """Every path is closed: one lane again, at the position after the block, fed the merge tags."""
+        block = response.take_block()
+        first, *rest = self.merge_tags()
         lane = _Lane(response=last.response, state=read_tag("block", self.schema.merge_roles[0], self.schema)[0],
-                     position=after_block(block.start, lengths, self.policy.path_stride),
+                     position=after_block(block.start, [len(p.ids) for p in block.paths], self.policy.path_stride),
                      pending=first, out=response.tokens, forced=rest)
         response.tokens.add(first, sampled=False)
         return lane
 
+    # --- where NPR's schema differs ----------------------------------------------------------
+    def branch_count(self, response: _Response) -> int:
+        """K: `paths` (Parallel-R1), or NPR's one branch per plan just written (>= 1: `plan_bans`)."""
+        return response.plans if self.schema.planned else self.settings.paths
+
+    def path_opening(self, k: int) -> list[int]:
+        """What branch k is forced to write first: <Path>; NPR: <step> and its label "k+1:"."""
+        return [self.tags.path_open, *(self.tags.labels[k] if self.tags.labels else ())]
+
+    def merge_tags(self) -> list[int]:
+        """What the merged lane is fed: </Parallel> <Summary>; NPR: <takeaway>."""
+        return [getattr(self.tags, role) for role in self.schema.merge_roles]
+
+    def plan_bans(self, response: _Response) -> list[int]:
+        """NPR, in a guideline: a plan beyond `paths`, and </guideline> before the first plan (the
+        engine forks one branch per plan)."""
+        if response.plans >= self.settings.paths:
+            return [self.tags.plan_open]
+        return [self.tags.plans_close] if response.plans == 0 else []
+
+    # --- budgets ------------------------------------------------------------------------------
     def banned(self, lanes: list[_Lane], logits: torch.Tensor) -> torch.Tensor | None:
-        """[N, V] bool: tags that would break a budget or the schema where a lane stands. The block
+        """[N, V] bool: tags that would break a budget or the schema where a lane stands: the block
         tag in the main chain once `max_blocks` blocks are open ("after": between </Parallel> and
-        <Summary>, where <Parallel> would open a block too); NPR: a plan beyond `paths`, and
-        </guideline> before the first plan (the engine forks one branch per plan)."""
+        <Summary>, where <Parallel> would open a block too), and NPR's `plan_bans`."""
         if self.tags is None:
             return None
         cells = []  # (row, token id)
@@ -357,10 +404,8 @@ class _Decoder:
             response = self.responses[lane.response]
             if lane.state in ("main", "after") and response.forks >= self.settings.max_blocks:
                 cells.append((i, self.tags.block_open))
-            elif lane.state == "plans" and response.plans >= self.settings.paths:
-                cells.append((i, self.tags.plan_open))
-            elif lane.state == "plans" and response.plans == 0:
-                cells.append((i, self.tags.plans_close))
+            elif lane.state == "plans":
+                cells += [(i, token) for token in self.plan_bans(response)]
         if not cells:
             return None
         banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
@@ -369,15 +414,13 @@ class _Decoder:
         return banned
 
     def finish(self, response: _Response) -> Rollout:
-        """Write out a block still in flight (budget spent), then the rollout."""
+        """Write out a block still in flight (budget spent: its open paths closed), then the rollout."""
         if response.block is not None:
             for path in response.block.paths:
                 if path.ids[-1] != self.tags.path_close:
                     path.add(self.tags.path_close, sampled=False)
                     response.cut += 1
-            response.path_lengths.append([len(p.ids) for p in response.block.paths])
-            for path in response.block.paths:
-                response.tokens.extend(path)
+            response.take_block()
         tokens = response.tokens
         trace = parse_ids(tokens.ids, self.tags)
         path_lengths = response.path_lengths  # structured: as the branches were built; causal: as read
@@ -390,4 +433,3 @@ class _Decoder:
         )
         return Rollout(response.prompt, tokens.ids, tokens.sampled, tokens.logprobs, trace,
                        response.finish or "length", stats)
-

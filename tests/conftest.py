@@ -1,5 +1,6 @@
 """What the tests share: the tiny models' tag world, a tag-biased tiny model, an independent
-log-prob read, the offline Qwen tokenizer, stand-in rollouts, and helpers for whole runs.
+log-prob read, the offline Qwen tokenizer, stand-in rollouts, helpers for whole runs, and tiny
+models that write tags (`follow_bias`, `rule_model`, `npr_writer`) for the sampler's tests.
 
 Plain names, imported where used (`from conftest import TAGS, tag_biased_model`): pytest puts
 tests/ on sys.path. Fixtures, found by name: `qwen_tokenizer` (the real Qwen tokenizer with the
@@ -269,3 +270,54 @@ def text_ids(text: str, tag_ids: TagIds) -> list[int]:
         ids += [10 + ord(c) % 50 for c in text[at:start]] + [getattr(tag_ids, name)]
         at = end
     return ids + [10 + ord(c) % 50 for c in text[at:]]
+
+
+# ---------------------------------------------------------------- models that write tags: the sampler's tests
+
+# NPR's tags in the tiny world, by short name; branch k opens with <step> then LABELS[k] = (ord("k+1"), ord(":"))
+G, G_, ST, ST_, TK, TK_, PL, PL_ = (NPR_TAGS.block_open, NPR_TAGS.plans_close, NPR_TAGS.path_open, NPR_TAGS.path_close,
+                                    NPR_TAGS.summary_open, NPR_TAGS.summary_close, NPR_TAGS.plan_open, NPR_TAGS.plan_close)
+LABELS = NPR_TAGS.labels
+
+
+def follow_bias(model, rules: dict[tuple[int, int], float]):
+    """Add `rules[(fed, next)]` to the logit of `next` wherever `fed` is the input token
+    (`next_token_bias`: the sampler's one-token steps and the trainer's read see the same bias).
+    -> the model"""
+    table = torch.zeros(V, V)
+    for (fed, following), bias in rules.items():
+        table[fed, following] = bias
+    next_token_bias(model, table)
+    return model
+
+
+def rule_model(seed=0):
+    """A tiny model whose greedy choice of a tag depends on the token just fed (a fixed random
+    rule), so that under greedy decoding lanes fork and merge at different steps."""
+    model = tiny_qwen_model(arch="qwen3", vocab_size=V, seed=seed, tie_word_embeddings=False)
+    g = torch.Generator().manual_seed(seed)
+    table = torch.zeros(V, V)  # [fed token, next-token bias]
+    for tag, share in ((P, 0.08), (A_, 0.25), (S_, 0.25)):
+        table[(torch.rand(V, generator=g) < share) & (torch.arange(V) < V - 6), tag] = 8.0
+    add = lambda module, args, kwargs, out: setattr(out, "logits", out.logits + table[kwargs["input_ids"]])
+    model.register_forward_hook(add, with_kwargs=True)
+    return model
+
+
+def npr_writer(arch="qwen3", seed=0, causal=False):
+    """A tiny model that writes NPR rounds: <guideline> now and then (and after a </takeaway>),
+    then <plan>, a plan word (100-109) that closes it, more plans or </guideline>; takeaway words
+    (110-119) close the takeaway, step words (120-129) a step. Causal (the model writes every tag):
+    </guideline> -> <step>, </step> -> <step> or <takeaway>. Tags land elsewhere too (stray)."""
+    model = tiny_qwen_model(arch=arch, vocab_size=V, seed=seed)
+    bias_logits(model, {G: 2.0, PL_: 0.5, ST_: 0.5, TK_: 0.5, G_: 0.5})
+    rules = {(G, PL): 8.0, (PL_, PL): 5.0, (PL_, G_): 4.5, (TK_, G): 4.0, (TK_, EOS): 2.0}
+    for word in range(100, 110):
+        rules |= {(PL, word): 4.0, (word, PL_): 6.0}
+    for word in range(110, 120):
+        rules |= {(TK, word): 4.0, (word, TK_): 6.0}
+    for word in range(120, 130):
+        rules |= {(word, ST_): 5.0}
+    if causal:
+        rules |= {(G_, ST): 8.0, (ST_, ST): 5.0, (ST_, TK): 5.0}
+    return follow_bias(model, rules)

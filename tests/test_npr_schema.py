@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import EOS, NPR_TAGS, PAD, V, bias_logits, next_token_bias
+from conftest import EOS, G, G_, LABELS, NPR_TAGS, PAD, PL, PL_, ST, ST_, TK, TK_, V, bias_logits, npr_writer
 from nanopar.format import check_format, check_parallel, check_tag_sequence, check_well_formed
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.layout import build_layout, structured_roles
@@ -26,9 +26,6 @@ from nanopar.tags import MAX_PATHS, NPR, TagIds, find_tags
 from nanopar.tiny import tiny_qwen_model
 from nanopar.trace import parse_ids, parse_trace, trace_stats
 
-G, G_, ST, ST_, TK, TK_, PL, PL_ = (NPR_TAGS.block_open, NPR_TAGS.plans_close, NPR_TAGS.path_open, NPR_TAGS.path_close,
-                                    NPR_TAGS.summary_open, NPR_TAGS.summary_close, NPR_TAGS.plan_open, NPR_TAGS.plan_close)
-LABELS = NPR_TAGS.labels  # branch k opens with <step> then LABELS[k] = (ord("k+1"), ord(":"))
 ORDINARY = V - 14  # ids below it are plain text in this world (the NPR tags are V-14 .. V-7)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 8, 9, 10, 11], [12, 13, 14, 15, 16]]
 
@@ -187,36 +184,7 @@ def test_the_takeaway_sees_every_step_and_steps_never_see_siblings(model, stride
         assert (after - cached_logits(model, edited, stride)).abs().max().item() <= ATOL
 
 
-# ------------------------------------------------------------------ a tiny model that writes NPR rounds at T = 1
-
-
-def follow_rules(model, rules: dict[tuple[int, int], float]):
-    """Add `rules[(fed, next)]` to the logit of `next` wherever `fed` is the input token
-    (conftest.next_token_bias: the sampler's one-token steps and the trainer's read agree)."""
-    table = torch.zeros(V, V)
-    for (fed, following), bias in rules.items():
-        table[fed, following] = bias
-    next_token_bias(model, table)
-    return model
-
-
-def npr_writer(arch="qwen3", seed=0, causal=False):
-    """A tiny model that writes NPR rounds: <guideline> now and then (and after a </takeaway>),
-    then <plan>, a plan word (100-109) that closes it, more plans or </guideline>; takeaway words
-    (110-119) close the takeaway, step words (120-129) a step. Causal (the model writes every tag):
-    </guideline> -> <step>, </step> -> <step> or <takeaway>. Tags land elsewhere too (stray)."""
-    model = tiny_qwen_model(arch=arch, vocab_size=V, seed=seed)
-    bias_logits(model, {G: 2.0, PL_: 0.5, ST_: 0.5, TK_: 0.5, G_: 0.5})
-    rules = {(G, PL): 8.0, (PL_, PL): 5.0, (PL_, G_): 4.5, (TK_, G): 4.0, (TK_, EOS): 2.0}
-    for word in range(100, 110):
-        rules |= {(PL, word): 4.0, (word, PL_): 6.0}
-    for word in range(110, 120):
-        rules |= {(TK, word): 4.0, (word, TK_): 6.0}
-    for word in range(120, 130):
-        rules |= {(word, ST_): 5.0}
-    if causal:
-        rules |= {(G_, ST): 8.0, (ST_, ST): 5.0, (ST_, TK): 5.0}
-    return follow_rules(model, rules)
+# ------------------------------------------------------------------ what NPR rollouts sampled at T = 1 (conftest.npr_writer) exercise
 
 
 def coverage(rollouts, settings):

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from conftest import A, A_, EOS, P, P_, S, S_, TAGS, V, bias_logits, load_char_model, next_token_bias, tag_biased_model, token_logprobs
+from conftest import (A, A_, EOS, P, P_, S, TAGS, V, bias_logits, follow_bias, load_char_model, rule_model, tag_biased_model,
+                      token_logprobs)
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.layout import build_layout
 from nanopar.policy import Policy
@@ -86,16 +87,6 @@ def test_structured_training_forward_reproduces_every_sampled_logprob(structured
         assert (torch.tensor(rollout.logprobs) - expected)[sampled].abs().max() <= 1e-4
     assert sum(r.stats.forks for r in rollouts) >= 6 and any(b.valid for r in rollouts for b in r.trace.blocks)
     assert any(len(r.trace.blocks) >= 2 for r in rollouts)  # a merged cache decoded a second block
-
-
-def follow_bias(model, rules: dict[tuple[int, int], float]):
-    """Add `rules[(previous, next)]` to the logit of `next` after the token `previous`
-    (conftest.next_token_bias: the sampler and the trainer's read see the same bias)."""
-    table = torch.zeros(V, V)
-    for (previous, following), bias in rules.items():
-        table[previous, following] = bias
-    next_token_bias(model, table)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -213,19 +204,6 @@ def test_two_hundred_tag_heavy_rollouts_stay_within_budgets_and_read_back():
     assert kinds >= {"eos", "length", "stray", "cut", "truncated", "valid"}  # every rule was exercised
 
 
-def rule_model(seed=0):
-    """A tiny model whose greedy choice of a tag depends on the token just fed (a fixed random
-    rule), so that under greedy decoding lanes fork and merge at different steps."""
-    model = tiny_qwen_model(arch="qwen3", vocab_size=V, seed=seed, tie_word_embeddings=False)
-    g = torch.Generator().manual_seed(seed)
-    table = torch.zeros(V, V)  # [fed token, next-token bias]
-    for tag, share in ((P, 0.08), (A_, 0.25), (S_, 0.25)):
-        table[(torch.rand(V, generator=g) < share) & (torch.arange(V) < V - 6), tag] = 8.0
-    add = lambda module, args, kwargs, out: setattr(out, "logits", out.logits + table[kwargs["input_ids"]])
-    model.register_forward_hook(add, with_kwargs=True)
-    return model
-
-
 def test_greedy_output_does_not_depend_on_the_batch():
     model = rule_model()
     settings, greedy = SamplerSettings(max_new_tokens=40, max_path_tokens=6, paths=2), Policy(TAGS, temperature=0)
@@ -265,3 +243,26 @@ def test_lora_and_4bit_models_sample_consistently(four_bit, tmp_path):
         sampled = torch.tensor(rollout.sampled)
         assert (torch.tensor(rollout.logprobs) - expected)[sampled].abs().max() <= 1e-4
         assert max(rollout.ids) < len(tokenizer)  # the padded vocabulary is never drawn
+
+
+def test_the_sampler_benchmark_takes_its_flags_from_a_dataclass(capsys, monkeypatch):
+    """`python bench/sampler.py --help` lists every flag and starts nothing; an unknown benchmark is a one-line error."""
+    import dataclasses
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "sampler.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python bench/sampler.py` has it: bench/common.py
+    spec = importlib.util.spec_from_file_location("bench_sampler", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses read the module's namespace
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--help"])
+    assert exit.value.code == 0
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(bench.BenchConfig):
+        assert "--" + field.name.replace("_", "-") in text, field.name
+    with pytest.raises(SystemExit, match="unknown benchmark speed; choose from throughput"):
+        bench.main(["--only", "speed"])

@@ -1,15 +1,15 @@
-"""The sampler's outputs pinned across its speed work (issue 13): same seed, same tokens and log-probs.
+"""What the sampler samples, pinned: same seed, same tokens, structure and log-probs.
 
-The per-step bookkeeping of `nanopar/sampler.py` and `nanopar/kvcache.py` was rewritten for speed
-(batched state, lazy cache compaction). Old and new code cannot run in one process, so the
-rollouts of fixed seeds were recorded with the code before that work (commit 11dae5a) and are
-pinned here: a hash of every rollout's tokens, sampled mask, finish and structure (exact), and
-each rollout's summed log-prob (to 1e-4; the per-token check against the trainer is in
-tests/test_sampler.py and tests/test_npr_schema.py). Both tag schemas, both attention modes,
-shared and disjoint path positions, plain decoding, greedy, top-k/top-p, and batches where many
-lanes finish early (the cache compaction's case).
+The sampler's per-step bookkeeping and its cache (`nanopar/kvcache.py`) are written for speed;
+a change there must not move a single sampled token. So the rollouts of fixed seeds are pinned:
+a hash of every rollout's tokens, sampled mask, finish and structure (exact), and each rollout's
+summed log-prob (to 1e-4; the per-token check against the trainer is in tests/test_sampler.py
+and tests/test_npr_schema.py). Both tag schemas, both attention modes, shared and disjoint path
+positions, plain decoding, greedy, top-k/top-p, and batches where many lanes finish early (the
+cache rebuild's case). The plain cache (`LaneCache`) and the lazy one (`LazyLaneCache`, the
+default) must give the very same rollouts, bit for bit.
 
-Regenerate (only when a change *means* to change what is sampled): `python tests/test_sampler_speed.py`
+Regenerate (only when a change *means* to change what is sampled): `python tests/test_sampler_pins.py`
 prints the pins, one line each.
 """
 
@@ -19,11 +19,10 @@ import json
 import pytest
 import torch
 
-from conftest import EOS, NPR_TAGS, TAGS, V, tag_biased_model
+from conftest import A, A_, EOS, NPR_TAGS, P, P_, S, TAGS, V, follow_bias, npr_writer, rule_model, tag_biased_model
+from nanopar.kvcache import LaneCache
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
-from test_npr_schema import npr_writer
-from test_sampler import A, A_, P, P_, S, follow_bias, rule_model
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 8, 9, 10, 11], [12, 13, 14, 15, 16]]
 
@@ -110,10 +109,10 @@ PINNED = {
 }
 
 
-def run_case(name):
+def run_case(name, **options):
     make, policy, settings, samples = CASES[name]
     torch.manual_seed(0)
-    return sample(make(), PROMPTS, policy, settings, eos_ids=[EOS], samples_per_prompt=samples)
+    return sample(make(), PROMPTS, policy, settings, eos_ids=[EOS], samples_per_prompt=samples, **options)
 
 
 def fingerprint(rollouts):
@@ -124,114 +123,20 @@ def fingerprint(rollouts):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_pinned_seeds_sample_what_they_sampled_before(name):
-    digest, sums = fingerprint(run_case(name))
+def test_pinned_seeds_sample_what_they_sampled_before_with_either_cache(name):
+    lazy = run_case(name)  # the default cache
+    digest, sums = fingerprint(lazy)
     pinned_digest, pinned_sums = PINNED[name]
     assert digest == pinned_digest, f"{name}: the sampled tokens or structure changed"
     assert len(sums) == len(pinned_sums)
     assert max(abs(a - b) for a, b in zip(sums, pinned_sums)) <= 1e-4, f"{name}: log-probs moved"
+    plain = run_case(name, lane_cache=LaneCache)
+    assert [(r.ids, r.sampled, r.logprobs, r.finish, r.stats.path_lengths) for r in plain] == \
+           [(r.ids, r.sampled, r.logprobs, r.finish, r.stats.path_lengths) for r in lazy], f"{name}: the caches differ"
+    assert fingerprint(plain)[0] == digest
 
 
 if __name__ == "__main__":  # print the pins of the code as it is now
     for name in sorted(CASES):
         digest, sums = fingerprint(run_case(name))
         print(f"    {name!r}: ({digest!r}, {sums!r}),")
-
-
-# ------------------------------------------------------------------ the lazy rebuild gives what an eager one gave
-
-
-def eager_rebuild(layers, lens, keep, extra):
-    """The rebuild before issue 13 (kvcache.py at 11dae5a): zero-filled new rows, kept rows and
-    joined pieces right-aligned, shared left padding trimmed. -> (layers [(keys, values)], lens)"""
-    new_lens = [lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
-    width = max(new_lens)
-    out = []
-    for i, (keys, values) in enumerate(layers):
-        pair = []
-        for which, old in enumerate((keys, values)):
-            N, H, W, D = old.shape
-            new = old.new_zeros(len(new_lens), H, width, D)
-            shared = min(width, W)
-            new[: len(keep), :, width - shared :] = old[keep, :, W - shared :]
-            for j, piece in enumerate(extra):
-                part = piece[i][which]
-                new[len(keep) + j, :, width - part.shape[-2] :] = part
-            pair.append(new)
-        out.append(tuple(pair))
-    return out, new_lens
-
-
-@pytest.mark.parametrize("case", ["drop and duplicate", "a join longer than every row", "trim", "only joins"])
-def test_a_lazy_rebuild_applied_by_the_next_step_equals_an_eager_rebuild_and_a_concatenation(case):
-    from transformers import DynamicCache
-
-    from nanopar.kvcache import LaneCache, join
-
-    g = torch.Generator().manual_seed(0)
-    N, H, W, D, layers = 5, 2, 9, 4, 3
-    lens = [9, 4, 7, 2, 9] if case != "trim" else [5, 4, 7, 2, 6]
-    tensors = [(torch.randn(N, H, W, D, generator=g), torch.randn(N, H, W, D, generator=g)) for _ in range(layers)]
-    keep, extra_rows = {"drop and duplicate": ([4, 1, 1, 0, 3], []), "a join longer than every row": ([2, 3], [(0, 1)]),
-                        "trim": ([1, 3, 3], []), "only joins": ([], [(2, 2)])}[case]
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(tensors):
-        cache.update(k.clone(), v.clone(), i)
-    lanes = LaneCache(cache, lens)
-    # a join: row a's tokens then row b's (a merge: prefix ‖ paths)
-    extra = [join([lanes.piece(a, 0, lens[a]), lanes.piece(b, 1, lens[b])]) for a, b in extra_rows]
-    expected, expected_lens = eager_rebuild(tensors, lens, keep, extra)
-    lanes.rebuild(keep, extra)
-    assert lanes.lens == expected_lens and lanes.width == max(expected_lens) == cache.get_seq_length()
-    new = [(torch.randn(len(expected_lens), H, 1, D, generator=g), torch.randn(len(expected_lens), H, 1, D, generator=g))
-           for _ in range(layers)]
-    for i, (k, v) in enumerate(new):  # what the model's next forward does, layer by layer
-        got = cache.update(k, v, i)
-        for which in range(2):
-            assert torch.equal(got[which], torch.cat([expected[i][which], new[i][which]], dim=-2))
-    lanes.appended()
-    assert lanes.plan is None and lanes.lens == [n + 1 for n in expected_lens]
-
-
-def test_the_step_mask_is_the_mask_of_each_step():
-    from transformers import DynamicCache
-
-    from nanopar.kvcache import LaneCache
-
-    cache = DynamicCache()
-    cache.update(torch.zeros(3, 1, 6, 2), torch.zeros(3, 1, 6, 2), 0)
-    lanes = LaneCache(cache, [6, 2, 4])
-    for step in range(40):  # past the mask's spare columns
-        width = lanes.width
-        expected = torch.zeros(3, width + 1)
-        for row, n in enumerate(lanes.lens):
-            expected[row, : width - n] = torch.finfo(torch.float32).min
-        assert torch.equal(lanes.step_mask(torch.float32)[:, 0, 0], expected)
-        cache.update(torch.zeros(3, 1, 1, 2), torch.zeros(3, 1, 1, 2), 0)
-        lanes.appended()
-        if step == 20:
-            lanes.rebuild([2, 0, 0], [])
-    lanes.rebuild([1], [])
-    assert lanes.step_mask(torch.float32) is None  # one row: no padding, sdpa's unmasked path
-
-
-def test_the_sampler_benchmark_takes_its_flags_from_a_dataclass(capsys, monkeypatch):
-    """`python bench/sampler.py --help` lists every flag and starts nothing; an unknown benchmark is a one-line error."""
-    import dataclasses
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "sampler.py"
-    spec = importlib.util.spec_from_file_location("bench_sampler", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses read the module's namespace
-    spec.loader.exec_module(bench)
-    with pytest.raises(SystemExit) as exit:
-        bench.main(["--help"])
-    assert exit.value.code == 0
-    text = capsys.readouterr().out
-    for field in dataclasses.fields(bench.BenchConfig):
-        assert "--" + field.name.replace("_", "-") in text, field.name
-    with pytest.raises(SystemExit, match="unknown benchmark speed; choose from throughput"):
-        bench.main(["--only", "speed"])

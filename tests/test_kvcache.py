@@ -1,0 +1,78 @@
+"""The lane cache (nanopar/kvcache.py) against a hand-written rebuild: the plain `LaneCache` and
+the lazy `LazyLaneCache` give the model the same tensors, step after step."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from nanopar.kvcache import LaneCache, LazyLaneCache, join
+
+CACHES = {"plain": LaneCache, "lazy": LazyLaneCache}
+
+
+def reference_rebuild(layers, lens, keep, extra):
+    """Zero-filled new rows, the kept rows and the joined pieces right-aligned in them, shared
+    left padding trimmed. -> (layers [(keys, values)], lens)"""
+    new_lens = [lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
+    width = max(new_lens)
+    out = []
+    for i, (keys, values) in enumerate(layers):
+        pair = []
+        for which, old in enumerate((keys, values)):
+            N, H, W, D = old.shape
+            new = old.new_zeros(len(new_lens), H, width, D)
+            shared = min(width, W)
+            new[: len(keep), :, width - shared :] = old[keep, :, W - shared :]
+            for j, piece in enumerate(extra):
+                part = piece[i][which]
+                new[len(keep) + j, :, width - part.shape[-2] :] = part
+            pair.append(new)
+        out.append(tuple(pair))
+    return out, new_lens
+
+
+@pytest.mark.parametrize("kind", sorted(CACHES))
+@pytest.mark.parametrize("case", ["drop and duplicate", "a join longer than every row", "trim", "only joins"])
+def test_a_rebuild_then_a_step_equals_the_reference_rebuild_and_a_concatenation(case, kind):
+    g = torch.Generator().manual_seed(0)
+    N, H, W, D, layers = 5, 2, 9, 4, 3
+    lens = [9, 4, 7, 2, 9] if case != "trim" else [5, 4, 7, 2, 6]
+    tensors = [(torch.randn(N, H, W, D, generator=g), torch.randn(N, H, W, D, generator=g)) for _ in range(layers)]
+    keep, extra_rows = {"drop and duplicate": ([4, 1, 1, 0, 3], []), "a join longer than every row": ([2, 3], [(0, 1)]),
+                        "trim": ([1, 3, 3], []), "only joins": ([], [(2, 2)])}[case]
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(tensors):
+        cache.update(k.clone(), v.clone(), i)
+    lanes = CACHES[kind](cache, lens)
+    # a join: row a's tokens then row b's (a merge: prefix ‖ paths)
+    extra = [join([lanes.piece(a, 0, lens[a]), lanes.piece(b, 1, lens[b])]) for a, b in extra_rows]
+    expected, expected_lens = reference_rebuild(tensors, lens, keep, extra)
+    lanes.rebuild(keep, extra)
+    assert lanes.lens == expected_lens and lanes.width == max(expected_lens) == cache.get_seq_length()
+    new = [(torch.randn(len(expected_lens), H, 1, D, generator=g), torch.randn(len(expected_lens), H, 1, D, generator=g))
+           for _ in range(layers)]
+    for i, (k, v) in enumerate(new):  # what the model's next forward does, layer by layer
+        got = cache.update(k, v, i)
+        for which in range(2):
+            assert torch.equal(got[which], torch.cat([expected[i][which], new[i][which]], dim=-2))
+    lanes.appended()
+    assert getattr(lanes, "plan", None) is None and lanes.lens == [n + 1 for n in expected_lens]
+
+
+@pytest.mark.parametrize("kind", sorted(CACHES))
+def test_the_step_mask_is_the_mask_of_each_step(kind):
+    cache = DynamicCache()
+    cache.update(torch.zeros(3, 1, 6, 2), torch.zeros(3, 1, 6, 2), 0)
+    lanes = CACHES[kind](cache, [6, 2, 4])
+    for step in range(40):  # past the mask's spare columns
+        width = lanes.width
+        expected = torch.zeros(3, width + 1)
+        for row, n in enumerate(lanes.lens):
+            expected[row, : width - n] = torch.finfo(torch.float32).min
+        assert torch.equal(lanes.step_mask(torch.float32)[:, 0, 0], expected)
+        cache.update(torch.zeros(3, 1, 1, 2), torch.zeros(3, 1, 1, 2), 0)
+        lanes.appended()
+        if step == 20:
+            lanes.rebuild([2, 0, 0], [])
+    lanes.rebuild([1], [])
+    assert lanes.step_mask(torch.float32) is None  # one row: no padding, sdpa's unmasked path
