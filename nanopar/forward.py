@@ -15,8 +15,8 @@ over the vocabulary, not the mean -log p of the chosen tokens).
 Two reads of the LM head, the same numbers: "plain" (the full logits, log_softmax, gather: read
 this one) and "chunked" (head.py: the head applied a chunk of positions at a time, never the
 full [B, T, V] logits, for a real vocabulary); "auto" takes the chunked one from
-CHUNKED_HEAD_FROM_VOCAB rows. Positions of weight 0 (prompt, padding, inserted tags) are not
-read: their log-prob is 0. A batch goes through in micro-batches (`micro_batches`): a number of
+CHUNKED_HEAD_FROM_VOCAB rows. Positions of weight 0 (prompt, padding, inserted tags) read 0
+(the chunked read skips them). A batch goes through in micro-batches (`micro_batches`): a number of
 rows, or rows sorted by length and packed under a token budget. Not here: losses (grpo.py,
 sft.py), optimisers.
 """
@@ -33,9 +33,10 @@ from .layout import build_layout, mask_dtype
 from .policy import Policy
 
 HEAD_READS = ("plain", "chunked", "auto")
-# "auto" reads the head chunk by chunk from this many vocabulary rows: bench/head_read.py measures
-# where the chunked read starts to save memory and time (bench/README.md); the toy's ~130 rows get
-# the plain read, Qwen's 151,936 the chunked one
+# "auto" reads the head chunk by chunk from this many vocabulary rows: below it a micro-batch's
+# logits are small beside the model's activations and both reads cost the same; from it the
+# chunked read holds less memory the larger the vocabulary, at no cost in time (bench/head_read.py,
+# its figures in bench/README.md). The toy's ~120 rows get the plain read, Qwen's 151,936 the chunked one
 CHUNKED_HEAD_FROM_VOCAB = 32_768
 
 
