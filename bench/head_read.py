@@ -10,8 +10,9 @@ vocabulary size a tiny Qwen3 of the same body (hidden 128, 4 layers) reads one m
 GRPO rollouts (8 rows x 152 tokens, the 128 response tokens of each weighted), with the entropy,
 forward + backward, under each read: the best time of `repeats` rounds after a warm-up, and the
 peak resident-memory rise (bench/common.py) of the warm-up. `CHUNKED_HEAD_FROM_VOCAB` in
-forward.py, the size from which "auto" takes the chunked read, is read off this table: the first
-size where the chunked read holds less memory than the plain one at no cost in time.
+forward.py, the size from which "auto" takes the chunked read, is read off this table: the size
+from which the chunked read's saving is the logits' (a quarter of the read's memory and more),
+not a constant few MB.
 Not here: sampling, the optimiser (bench/train_step.py), GPU memory (bench/memory_plan.py).
 """
 

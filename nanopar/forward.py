@@ -33,11 +33,11 @@ from .layout import build_layout, mask_dtype
 from .policy import Policy
 
 HEAD_READS = ("plain", "chunked", "auto")
-# "auto" reads the head chunk by chunk from this many vocabulary rows: below it a micro-batch's
-# logits are small beside the model's activations and both reads cost the same; from it the
-# chunked read holds less memory the larger the vocabulary, at no cost in time (bench/head_read.py,
-# its figures in bench/README.md). The toy's ~120 rows get the plain read, Qwen's 151,936 the chunked one
-CHUNKED_HEAD_FROM_VOCAB = 32_768
+# "auto" reads the head chunk by chunk from this many vocabulary rows: from here the chunked read's
+# saving grows with the vocabulary (the logits dominate the read's memory); below it both reads
+# cost about the same and the plain one, the one to read, runs (bench/head_read.py, its figures in
+# bench/README.md). The toy's ~120 rows get the plain read, Qwen's 151,936 the chunked one
+CHUNKED_HEAD_FROM_VOCAB = 8_192
 
 
 @dataclass
