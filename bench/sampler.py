@@ -25,14 +25,22 @@
 6. decode step cost: one plain forward of a decode step (no sampler) on the 1.2M model, timed
    over rows x cached columns and fitted as fixed + per row + per cell (row x column): where the
    fixed part is small, forking (fewer steps, the same row-steps) cannot speed decoding up.
+7. cache rebuild: the same sampler call with the plain `LaneCache` (a rebuild copies the new rows
+   at once) and with the lazy `LazyLaneCache` (the sampler's default: the rebuild rides on the
+   next step's append), on the toy model's default sampling (64 held-out prompts x 8 samples,
+   structured, paths 3, budgets 224 / 48, the tags biased so that it forks as a trained model
+   does) and on a tiny Qwen with the real 151,936-token vocabulary. The same tokens either way
+   (asserted). Target: the lazy one stays the default only where it is >= 1.10x faster.
 Each time is the best of `--repeats` runs after a warm-up. Cache memory is the peak size of the
-keys and values (for `generate`, its final cache). The load averages before and after are
-printed with the table: on a shared machine compare rows within one run.
+keys and values (for `generate`, its final cache). Each row shows the 1-minute load average
+before and after its race: on a shared machine compare rows within one run, and prefer
+`--clock cpu --threads 1` (process time, which other jobs disturb far less than wall time).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -43,44 +51,57 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from common import MB, bias_logits
 from nanopar.config import parse_config
-from nanopar.kvcache import LaneCache
+from nanopar.kvcache import LaneCache, LazyLaneCache
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import MAX_PATHS, NPR, TagIds
 from nanopar.tiny import tiny_qwen_model
 
-BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy", "steps")
+BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy", "steps", "rebuild")
 
 
 @dataclass
 class BenchConfig:
     quick: bool = False  # smaller sizes (32 new tokens, paths of 32) and one repeat: a smoke run
-    only: str = ",".join(BENCHMARKS)  # comma list of the benchmarks to run: throughput, acceleration, npr, fork, toy, steps
+    only: str = ",".join(BENCHMARKS)  # comma list of the benchmarks to run: throughput, acceleration, npr, fork, toy, steps, rebuild
     repeats: int = 0  # timed rounds per comparison after the warm-up (0 = 5; 1 with --quick)
     threads: int = 0  # torch threads (0 = torch's default)
     toy_model: str = "runs/default/4-rl-hard/final"  # the toy run's model for benchmark 5 (skipped when missing)
     batches: str = "1,8,32"  # batch sizes of the throughput rows
+    clock: str = "wall"  # what a race times: "wall" (perf_counter) or "cpu" (this process's CPU time)
 
 
 PROMPT = 16
-MB = 2**20
 REPEATS = 5  # set from the config in main()
 NEW_TOKENS = 128
 QUICK = False
+CLOCK = time.perf_counter  # set from the config in main(): perf_counter or process_time
+LOAD = ""  # the 1-minute load average before and after the last race, for its row
 
 
 def race(*fns):
-    """Best time of each function over REPEATS rounds, taking turns so drifts in machine speed
-    hit every contestant alike. -> [(seconds, result of the last call)] per function"""
+    """Best time of each function over REPEATS rounds, taking turns (and alternating who goes
+    first) so drifts in machine speed hit every contestant alike.
+    -> [(seconds, result of the last call)] per function"""
+    global LOAD
+    before = os.getloadavg()[0]
     results = [fn() for fn in fns]  # warm-up
     best = [float("inf")] * len(fns)
-    for _ in range(REPEATS):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            results[i] = fn()
-            best[i] = min(best[i], time.perf_counter() - start)
+    for round in range(REPEATS):
+        order = range(len(fns)) if round % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            start = CLOCK()
+            results[i] = fns[i]()
+            best[i] = min(best[i], CLOCK() - start)
+    LOAD = f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
     return list(zip(best, results))
+
+
+def add_row(table, *cells):
+    """A row of the table, with the load average of the race it reports."""
+    table.add_row(*cells, LOAD)
 
 
 def prompts(batch, vocab, seed=0):
@@ -117,8 +138,8 @@ def throughput_rows(table, batches=(1, 8, 32)):
             )
             tokens = batch * NEW_TOKENS
             assert all(r.stats.new_tokens == NEW_TOKENS for r in rollouts)
-            table.add_row(
-                "throughput (tok/s)", f"{name} ({params:.1f}M), batch {batch}",
+            add_row(
+                table, "throughput (tok/s)", f"{name} ({params:.1f}M), batch {batch}",
                 f"{tokens / ours:,.0f}", f"{tokens / theirs:,.0f} generate", f"{theirs / ours:.2f}", ">= 1.0",
                 f"{rollouts[0].stats.peak_cache_bytes / MB:.2f} / {their_cache / MB:.2f}",
             )
@@ -157,8 +178,8 @@ def acceleration_rows(table):
         )
         assert par.stats.forks == 1 and par.stats.path_lengths == [[L + 2] * K], par.stats
         assert seq.stats.new_tokens == par.stats.new_tokens, (seq.stats, par.stats)
-        table.add_row(
-            "parallel acceleration", f"1 block, K={K} paths of {L} tokens ({par.stats.new_tokens} tokens)",
+        add_row(
+            table, "parallel acceleration", f"1 block, K={K} paths of {L} tokens ({par.stats.new_tokens} tokens)",
             f"{par_time * 1000:.0f} ms", f"{seq_time * 1000:.0f} ms sequential", f"{seq_time / par_time:.2f}",
             f">= {0.75 * K:.1f}" if K <= 4 else "(none)",
             f"{par.stats.peak_cache_bytes / MB:.2f} / {seq.stats.peak_cache_bytes / MB:.2f}",
@@ -226,8 +247,8 @@ def npr_rows(table):
         assert par.stats.path_lengths == [[L + 4] * n], par.stats
         assert len(block) == 1 and len(block[0].plans) == n == len(block[0].paths) and block[0].well_formed, block
         assert par.stats.new_tokens == tokens == seq.stats.new_tokens, (par.stats, seq.stats)
-        table.add_row(
-            "NPR acceleration", f"1 guideline, n={n} plans, steps of {L} tokens ({par.stats.new_tokens} tokens)",
+        add_row(
+            table, "NPR acceleration", f"1 guideline, n={n} plans, steps of {L} tokens ({par.stats.new_tokens} tokens)",
             f"{par_time * 1000:.0f} ms", f"{seq_time * 1000:.0f} ms sequential", f"{seq_time / par_time:.2f}",
             "(none)", f"{par.stats.peak_cache_bytes / MB:.2f} / {seq.stats.peak_cache_bytes / MB:.2f}",
         )
@@ -256,8 +277,8 @@ def fork_rows(table):
             return sum(layer.keys.nbytes + layer.values.nbytes for layer in again.cache.layers)
 
         (dup_time, dup_bytes), (pre_time, pre_bytes) = race(duplicate, reprefill)
-        table.add_row(
-            "fork cost", f"prefix {prefix_length} tokens, K={K}",
+        add_row(
+            table, "fork cost", f"prefix {prefix_length} tokens, K={K}",
             f"{dup_time * 1000:.2f} ms copy", f"{pre_time * 1000:.1f} ms re-prefill", f"{pre_time / dup_time:.1f}",
             ">= 5", f"{dup_bytes / MB:.2f} / {pre_bytes / MB:.2f}",
         )
@@ -291,8 +312,8 @@ def toy_rows(table, folder: str):
         )
         par_tokens, seq_tokens = (sum(r.stats.new_tokens for r in rs) for rs in (par, seq))
         forks = sum(r.stats.forks for r in par)
-        table.add_row(
-            "toy eval speedup (tok/s)", f"{name}, {len(prompts)} x {config.samples} lanes, {forks} forks "
+        add_row(
+            table, "toy eval speedup (tok/s)", f"{name}, {len(prompts)} x {config.samples} lanes, {forks} forks "
             f"({par_tokens:,} / {seq_tokens:,} tokens)",
             f"{par_tokens / par_time:,.0f}", f"{seq_tokens / seq_time:,.0f} sequential",
             f"{(par_tokens / par_time) / (seq_tokens / seq_time):.2f}", ">= 1.3" if "easy" in name else ">= 1.0",
@@ -319,21 +340,65 @@ def step_rows(table):
     X = torch.tensor([[1.0, N, N * (W + 1)] for N, W in sizes], dtype=torch.float64)  # [S, 3]
     fixed, per_row, per_cell = torch.linalg.lstsq(X, torch.tensor(times, dtype=torch.float64)[:, None]).solution[:, 0].tolist()
     at = lambda N, W: fixed + per_row * N + per_cell * N * (W + 1)
-    table.add_row(
-        "decode step cost", f"1.2M model, {len(sizes)} sizes: fixed + per row + per cell",
+    add_row(
+        table, "decode step cost", f"1.2M model, {len(sizes)} sizes: fixed + per row + per cell",
         f"{fixed * 1e3:.2f} ms + {per_row * 1e6:.1f} us + {per_cell * 1e9:.0f} ns", "128 rows x 64 columns",
         f"fixed {fixed / at(128, 64):.0%}", "(none)", "",
     )
 
 
+def tag_writer(model, tags: TagIds, eos: int):
+    """Bias a random model's logits so that at T = 1 it writes blocks about as a trained one does:
+    <Parallel> about once in 28 main-chain tokens, </Path> once in 19 path tokens, EOS once in 95;
+    the tags the engine inserts itself are all but banned. -> the model"""
+    vocab = model.config.vocab_size
+    rate = lambda once_in: math.log(vocab / once_in)  # a logit that beats ~uniform logits that often
+    bias_logits(model, {tags.block_open: rate(28), tags.path_close: rate(19), eos: rate(95),
+                        tags.block_close: -10.0, tags.path_open: -10.0, tags.summary_open: -10.0})
+    return model
+
+
+def rebuild_rows(table):
+    """The plain cache rebuild vs the lazy one, the same sampler call, on the toy's default
+    sampling and on a tiny Qwen with the real vocabulary."""
+    from nanopar.prompts import build_prompt, instructions_named, stop_ids
+    from nanopar.toy import heldout, toy_model
+
+    model, tokenizer = toy_model()
+    tags = TagIds.from_tokenizer(tokenizer)
+    tag_writer(model, tags, tokenizer.eos_token_id)
+    problems = heldout("easy", 16 if QUICK else 64)
+    toy_prompts = [build_prompt(p, tokenizer, instructions_named("parallel", "toy:easy"), chat=False) for p in problems]
+    toy = (f"toy model, default sampling: {len(toy_prompts)} prompts x 8", model, toy_prompts,
+           Policy.for_tokenizer(tokenizer, "structured", 1.0, 0), SamplerSettings(seed=0), stop_ids(model, tokenizer), 8)
+    vocab = 151936
+    real_tags = TagIds(*range(vocab - 6, vocab))
+    real_model = tag_writer(tiny_qwen_model(vocab_size=vocab, hidden_size=64, num_layers=2), real_tags, eos=7)
+    real = (f"real 151,936 vocab: {8 if QUICK else 16} prompts x 4", real_model, prompts(8 if QUICK else 16, vocab),
+            Policy(real_tags), SamplerSettings(paths=2, max_new_tokens=128, max_path_tokens=32, seed=0), [7], 4)
+    for name, model, batch_prompts, policy, settings, eos, samples in (toy, real):
+        call = lambda cache: sample(model, batch_prompts, policy, settings, eos, samples, lane_cache=cache)
+        (lazy_time, lazy), (plain_time, plain) = race(lambda: call(LazyLaneCache), lambda: call(LaneCache))
+        assert [(r.ids, r.logprobs) for r in lazy] == [(r.ids, r.logprobs) for r in plain]  # the same samples
+        tokens, forks = sum(r.stats.new_tokens for r in lazy), sum(r.stats.forks for r in lazy)
+        add_row(
+            table, "cache rebuild (s per call)", f"{name} ({tokens:,} tokens, {forks} forks)",
+            f"{lazy_time:.2f} lazy", f"{plain_time:.2f} plain", f"{plain_time / lazy_time:.2f}", ">= 1.10 (else plain)",
+            f"{lazy[0].stats.peak_cache_bytes / MB:.2f} / {plain[0].stats.peak_cache_bytes / MB:.2f}",
+        )
+
+
 def main(argv: list[str] | None = None):
-    global QUICK, REPEATS, NEW_TOKENS
+    global QUICK, REPEATS, NEW_TOKENS, CLOCK
     config = parse_config(BenchConfig, argv, description=__doc__.split("\n")[0])
     chosen = [name.strip() for name in config.only.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(BENCHMARKS))
     if unknown:
         raise SystemExit(f"bench/sampler.py: unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if config.clock not in ("wall", "cpu"):
+        raise SystemExit(f"bench/sampler.py: --clock is wall or cpu, got {config.clock!r}")
     QUICK = config.quick
+    CLOCK = time.process_time if config.clock == "cpu" else time.perf_counter
     REPEATS = config.repeats or (1 if QUICK else 5)
     NEW_TOKENS = 32 if QUICK else 128
     if config.threads:
@@ -341,8 +406,9 @@ def main(argv: list[str] | None = None):
     torch.manual_seed(0)
     load = os.getloadavg()
     table = Table(title=f"nanopar sampler benchmark ({torch.get_num_threads()} threads, {'quick' if QUICK else 'full'}, "
-                        f"best of {REPEATS})")
-    for column in ("benchmark", "setting", "nanopar", "baseline", "ratio", "target", "cache MB (nanopar / baseline)"):
+                        f"best of {REPEATS}, {config.clock} time)")
+    for column in ("benchmark", "setting", "nanopar", "baseline", "ratio", "target", "cache MB (nanopar / baseline)",
+                   "load (1 min)"):
         table.add_column(column)
     started = time.perf_counter()
     with torch.no_grad():
@@ -358,6 +424,8 @@ def main(argv: list[str] | None = None):
             toy_rows(table, config.toy_model)
         if "steps" in chosen:
             step_rows(table)
+        if "rebuild" in chosen:
+            rebuild_rows(table)
     table.caption = (f"load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load)}, after "
                      f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.perf_counter() - started:.0f} s")
     Console(width=200).print(table)

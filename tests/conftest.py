@@ -321,3 +321,17 @@ def npr_writer(arch="qwen3", seed=0, causal=False):
     if causal:
         rules |= {(G_, ST): 8.0, (ST_, ST): 5.0, (ST_, TK): 5.0}
     return follow_bias(model, rules)
+
+
+def trainer_gap(model, policy, rollouts) -> tuple[float, int]:
+    """How far the trainer's read of `rollouts` (`forward.trace_logprobs`, one batch) is from the
+    log-probs the sampler recorded: (the largest |difference| over sampled tokens, their count)."""
+    from nanopar.forward import make_batch, trace_logprobs
+
+    batch = make_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
+                       [[float(s) for s in r.sampled] for r in rollouts], pad_id=PAD,
+                       recorded=[r.logprobs for r in rollouts])
+    with torch.no_grad():
+        got, _ = trace_logprobs(model, batch, policy)  # [B, T-1]
+    where = batch.target_mask > 0  # [B, T-1]
+    return (got - batch.recorded)[where].abs().max().item(), int(where.sum())
