@@ -71,10 +71,10 @@ class LaneCache:
         """New rows: the rows `keep` (in that order, repeats allowed = duplication), then `extra`.
         Rows not kept are freed; shared left padding is trimmed."""
         self.lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        index, width = torch.tensor(keep, dtype=torch.long, device=self.device), max(self.lens, default=0)
         for i, layer in enumerate(self.cache.layers):
-            layer.keys = rebuilt_rows(layer.keys, index, [piece[i][0] for piece in extra], max(self.lens, default=0))
-            layer.values = rebuilt_rows(layer.values, index, [piece[i][1] for piece in extra], max(self.lens, default=0))
+            layer.keys = rebuilt_rows(layer.keys, index, [piece[i][0] for piece in extra], width)
+            layer.values = rebuilt_rows(layer.values, index, [piece[i][1] for piece in extra], width)
         self._mask = None
 
     def piece(self, row: int, start: int, end: int) -> Piece:

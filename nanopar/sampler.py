@@ -9,7 +9,7 @@ recompute), fed the merge tags at `layout.after_block`. One prompt q, K = 3, str
 
     forward  fed @ position        rows after it (b1 b2 b3: the branches)
     1-3      a @1, b @2, P @3      0: q a b P                 P read: fork, row 0 copied three times
-    4        A @4 (each branch)    b1: q a b P A   b2: q a b P A   b3: q a b P A
+    4        A @4 (each branch)    b1: q a b P A   b2: q a b P A   b3: q a b P A   (stride s: bk's A @4 + (k-1)s)
     5        x y z @5              b1: … A x       b2: … A y       b3: … A z
     6        / y z @6              b1: … A x /     b2: … A y y     b3: … A z z     b1 closed: piece q a b P A x /
     7        / z @7                b2: … A y y /   b3: … A z z z                   b2 closed: piece A y y /
