@@ -1,11 +1,9 @@
-"""What the benchmarks share: peak resident memory of a piece of work, and a logit bias that makes
-a tiny random model write tags.
+"""What the benchmarks share: peak resident memory of a piece of work.
 
 On CPU a part's memory is the peak resident set (psutil, sampled every 2 ms by a thread) minus
 the one at its start, after freed heap pages are handed back to the system (glibc `malloc_trim`),
-so that each part's rise is its own. `bias_logits` adds a fixed row to the output embedding's
-logits on every forward: at temperature 1 a tiny random model then samples `<Parallel>` and the
-other tags often enough that the sampler forks.
+so that each part's rise is its own. (The logit bias that makes a tiny random model write tags
+is the library's `nanopar.tiny.bias_logits`, shared with the tests.)
 
 Imported by the scripts beside it (`from common import PeakRSS`: a script's folder is on sys.path).
 Not here: what is measured (train_step.py, head_read.py, memory_measure.py, sampler.py).
@@ -20,7 +18,6 @@ import threading
 import time
 
 import psutil
-import torch
 
 MB = 2**20
 PAD = 0  # the padding id of the benchmarks' batches
@@ -64,16 +61,3 @@ def peak_rise(fn) -> tuple[int, object]:
     return watch.rise, result
 
 
-def bias_logits(model, bias: dict[int, float]):
-    """Add `bias[id]` to the logit of each id on every forward (a hook on the output embedding).
-    -> the hook's handle (`handle.remove()` takes the bias off)"""
-    ids, values = list(bias), list(bias.values())
-    row = []  # the [V] bias, built at the first forward in the logits' dtype and device
-
-    def add(module, args, out):  # out [..., V]
-        if not row:
-            row.append(torch.zeros(out.shape[-1], dtype=out.dtype, device=out.device))
-            row[0][ids] = torch.tensor(values, dtype=out.dtype, device=out.device)
-        return out + row[0]
-
-    return model.get_output_embeddings().register_forward_hook(add)

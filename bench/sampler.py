@@ -51,13 +51,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, bias_logits
+from common import MB
 from nanopar.config import parse_config
 from nanopar.kvcache import LaneCache, LazyLaneCache
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import MAX_PATHS, NPR, TagIds
-from nanopar.tiny import tiny_qwen_model
+from nanopar.tiny import bias_logits, tiny_qwen_model
 
 BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy", "steps", "rebuild")
 

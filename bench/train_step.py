@@ -72,10 +72,10 @@ from nanopar.optim import apply_gradients, make_optimizer
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import TagIds
-from nanopar.tiny import tiny_qwen_model
+from nanopar.tiny import bias_logits, tiny_qwen_model
 
 import memory_plan
-from common import MB, PAD, PeakRSS, bias_logits
+from common import MB, PAD, PeakRSS
 
 TAG_RATES = {"block_open": 0.03, "path_close": 0.05, "summary_close": 0.05}  # target p(tag) per step
 QWEN25 = {  # the shapes of Qwen2.5-0.5B / 1.5B (their config.json), for --full-size

@@ -7,7 +7,7 @@ positions, so a path learns to be written without seeing its siblings, exactly a
 will decode it; in causal mode it is a plain causal read. The tags, mode and vocabulary come from
 the same `Policy` the sampler takes; the temperature is always 1 (SFT fits the model's own
 distribution, whatever temperature RL samples at).
-Not here: where traces come from (data.load_traces, toy.py), the loop over steps (runner.py).
+Not here: where traces come from (data.load_traces, toy/), the loop over steps (runner.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ embeddings, RMSNorm, GQA) with a few thousand to a few million parameters, rando
 initialised with a seed. `word_tokenizer` builds a small tokenizer with the `tokenizers` library
 (whole words tried first, then one token per ASCII character); `char_tokenizer` is it without
 words, so `load_model("tiny:qwen3")` gives a model + tokenizer pair without any download (its
-text is noise: it is for trying the machinery).
+text is noise: it is for trying the machinery). `bias_logits` adds a fixed logit bias on every
+forward, so that a random tiny model writes tags and the sampler forks (tests and bench/).
 Not here: Qwen's sliding-window or MoE variants, the toy world's own model and tokenizer (toy/).
 """
 
@@ -112,3 +113,18 @@ def tiny_named(name: str, dtype: torch.dtype = torch.float32, attn_implementatio
     model = tiny_qwen_model(arch=name.removeprefix(TINY_PREFIX), vocab_size=128, dtype=dtype,
                             attn_implementation=attn_implementation)
     return model, char_tokenizer()
+
+def bias_logits(model, bias: dict[int, float]):
+    """Add `bias[id]` to the logit of each id on every forward (a hook on the output embedding):
+    at temperature 1 a tiny random model then writes tags, so the sampler forks.
+    -> the hook's handle (`handle.remove()` takes the bias off)"""
+    ids, values = list(bias), list(bias.values())
+    row = []  # the [V] bias, built at the first forward in the logits' dtype and device
+
+    def add(module, args, out):  # out [..., V]
+        if not row:
+            row.append(torch.zeros(out.shape[-1], dtype=out.dtype, device=out.device))
+            row[0][ids] = torch.tensor(values, dtype=out.dtype, device=out.device)
+        return out + row[0]
+
+    return model.get_output_embeddings().register_forward_hook(add)

@@ -29,7 +29,7 @@ from nanopar.model import ModelSettings, gguf_folder, load_model
 from nanopar.policy import policy_logprobs
 from nanopar.sampler import Rollout, RolloutStats
 from nanopar.tags import MAX_PATHS, NPR, TagIds, add_tag_tokens
-from nanopar.tiny import char_tokenizer, tiny_qwen_model
+from nanopar.tiny import bias_logits, char_tokenizer, tiny_qwen_model
 from nanopar.trace import parse_ids, trace_stats
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: where train.py, sample.py, eval.py live
@@ -48,20 +48,6 @@ EOS = 7  # an ordinary id the tests treat as end of sequence
 PAD = 0  # the padding id of the tests' batches (the char tokenizer's pad too)
 
 
-def bias_logits(model, bias: dict[int, float]):
-    """Add `bias[id]` to the logit of each id on every forward (a hook on the output embedding):
-    at temperature 1 a tiny random model then writes tags, so the sampler forks.
-    -> the hook's handle (`handle.remove()` takes the bias off)"""
-    ids, values = list(bias), list(bias.values())
-    row = []  # the [V] bias, built at the first forward in the logits' dtype and device
-
-    def add(module, args, out):  # out [..., V]
-        if not row:
-            row.append(torch.zeros(out.shape[-1], dtype=out.dtype, device=out.device))
-            row[0][ids] = torch.tensor(values, dtype=out.dtype, device=out.device)
-        return out + row[0]
-
-    return model.get_output_embeddings().register_forward_hook(add)
 
 
 def next_token_bias(model, table: torch.Tensor):
