@@ -21,7 +21,7 @@
 5. toy evaluation speedup (when the default run's model exists, `python train.py`): eval.py's
    first sampler call (32 held-out problems x 4 samples, its sampling settings) decoded with
    forking vs without (the tags read as text), easy and hard: eval.py's `speedup`, raced here
-   instead of timed once. Target: >= 1.3 easy, >= 1.0 hard (issue 13).
+   instead of timed once. Target: >= 1.3 easy, >= 1.0 hard.
 6. decode step cost: one plain forward of a decode step (no sampler) on the 1.2M model, timed
    over rows x cached columns and fitted as fixed + per row + per cell (row x column): where the
    fixed part is small, forking (fewer steps, the same row-steps) cannot speed decoding up.

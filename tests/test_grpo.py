@@ -34,8 +34,8 @@ def test_advantages_follow_their_definition():
 
 
 def test_papo_drops_before_the_advantages():
-    """The issue's group [1, 1, 1, -1] with its first response dropped. Normalising first and
-    dropping after (before issue 11) left kept advantages 0.577 + 0.577 - 1.732 = -0.577."""
+    """The group [1, 1, 1, -1] with its first response dropped. Normalising first and dropping
+    after (the wrong order) would leave kept advantages 0.577 + 0.577 - 1.732 = -0.577."""
     rewards, kept = torch.tensor([1.0, 1.0, 1.0, -1.0]), torch.tensor([False, True, True, True])
     # the kept group [1, 1, -1]: mean 1/3, centred [2/3, 2/3, -4/3], std sqrt((4/9 + 4/9 + 16/9) / 3) = sqrt(8/9)
     std = (8 / 9) ** 0.5
@@ -199,8 +199,8 @@ def test_sft_loss_is_the_mean_cross_entropy_of_response_tokens():
 def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     """`grpo_step` against the same step written out by hand on a twin model, on scripted responses:
     the rollouts that are not valid parallel traces dropped (PAPO), *then* the advantages of the
-    kept ones (issue 11: before, every rollout was normalised and the invalid ones dropped after),
-    the same parameters after the update."""
+    kept ones (not every rollout normalised and the invalid ones dropped after), the same
+    parameters after the update."""
     import copy
 
     import nanopar.grpo
@@ -254,8 +254,8 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
 
 
 def two_read_update(model, rollouts, advantages, policy, settings):
-    """grpo_update's on-policy step as it was before issue 13: a no-grad pi_old read of every
-    micro-batch, then the training read. -> (loss, {name: gradient})"""
+    """An on-policy step written the long way, as an independent reference: a no-grad pi_old
+    read of every micro-batch, then the training read. -> (loss, {name: gradient})"""
     from nanopar.grpo import rollout_batch
 
     batch = rollout_batch(rollouts, PAD)
