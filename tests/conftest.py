@@ -235,7 +235,7 @@ _BLOCK = "<Parallel><Path>2+2 = 4</Path><Path>2*2 = 4</Path></Parallel><Summary>
 # name -> (response to "what is 2+2?" (gold 4), a valid parallel trace?, does Algorithm 1 accept it?)
 PARALLEL_CASES = {
     "clean": ("Two ways. " + _BLOCK + "\nFinal Answer: 4", True, True),
-    "path after the summary": (  # the issue's example: two stray tags, Algorithm 1 passes
+    "path after the summary": (  # two stray tags, and Algorithm 1 passes
         "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s</Summary><Path>z</Path>Final Answer: 4", False, True),
     "nested path": (  # <Path> inside a path: two stray tags, yet a block with 2 closed paths
         "<Parallel><Path>2+2<Path>= 4</Path></Path><Path>4</Path></Parallel><Summary>4</Summary>Final Answer: 4",

@@ -220,7 +220,7 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     right = [f"Final Answer: {p.answer}" for p in problems]
     responses = [  # reward = format (Algorithm 1: +1 / -1) + 0.5 * accuracy (+1 / -1); valid parallel?
         block + right[0], block + "Final Answer: 0", right[0], block + "<Path>z</Path>" + right[0],
-        #  1.5 yes          0.5 yes                    1.5 no    1.5 no (the stray <Path>)
+        #  1.5 yes          0.5 yes                    1.5 no    1.5 no (a stray <Path>)
         block + right[1], block + right[1], block.replace("x", "<Path>x</Path>") + right[1],
         #  1.5 yes          1.5 yes          1.5 no (a nested <Path>)
         block.replace("<Path>y</Path>", "") + right[1],
