@@ -56,7 +56,7 @@ from nanopar.config import parse_config
 from nanopar.kvcache import LaneCache, LazyLaneCache
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
-from nanopar.tags import MAX_PATHS, NPR, TagIds
+from nanopar.tags import MAX_PATHS, NPR, TagIds, schema_named
 from nanopar.tiny import bias_logits, tiny_qwen_model
 
 BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy", "steps", "rebuild")
@@ -288,8 +288,8 @@ def toy_rows(table, folder: str):
     """eval.py's speedup on its first sampler call, raced: forking vs the tags read as text."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for eval.py
     import eval as eval_script
-    from nanopar.checkpoint import checkpoint_schema
     from nanopar.data import load_problems
+    from nanopar.defaults import resolve
     from nanopar.model import ModelSettings, load_model
     from nanopar.prompts import build_prompt, instructions_named, stop_ids
 
@@ -297,7 +297,8 @@ def toy_rows(table, folder: str):
         Console().print(f"toy speedup skipped: no model at {folder} (run `python train.py`)")
         return
     config = eval_script.EvalConfig(model=folder)  # eval.py's defaults: its sampling settings and batch
-    schema = checkpoint_schema(config.schema, folder)
+    resolve(config, [])  # as eval.py: the checkpoint's schema, mode and stride
+    schema = schema_named(config.schema)
     model, tokenizer = load_model(ModelSettings(folder), schema)
     policy = Policy.for_tokenizer(tokenizer, config.mode, config.temperature, config.path_stride, schema)
     plain = dataclasses.replace(policy, tag_ids=None)

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from .model import save_checkpoint_model
-from .tags import PARALLEL_R1, TagSchema, schema_named
 
 STATE = "trainer_state.pt"
 
@@ -52,12 +51,15 @@ def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, schedu
     return folder
 
 
-def checkpoint_schema(flag: str, model: str) -> TagSchema:
-    """The tag schema a script uses: its --schema, or the one a nanopar checkpoint was trained
-    with (the schema field of its run_config.json), or Parallel-R1's."""
+def trained_with(model: str) -> dict:
+    """What a nanopar checkpoint says of how it was trained, from its run_config.json: {"schema",
+    "mode", "path_stride"} as far as it holds them ({} for any other model). The mode is the
+    stage's own (NPR's format RL is causal in a structured run), saved by the runner."""
     config = Path(model) / "run_config.json"
-    trained = json.loads(config.read_text()).get("schema") if not flag and config.is_file() else None
-    return schema_named(flag or trained or PARALLEL_R1.name)
+    if not model or not config.is_file():
+        return {}
+    saved = json.loads(config.read_text())
+    return {key: saved[key] for key in ("schema", "mode", "path_stride") if key in saved}
 
 
 def latest_checkpoint(stage_folder: str | Path) -> Path | None:

@@ -1,7 +1,7 @@
 """The stage recipes of both papers as plain lists of stages, and the config that sizes them.
 
     parallel-r1   [pretrain] -> cold-start-data -> sft -> rl-easy -> rl-hard
-    npr           [pretrain] -> format-rl -> rejection -> sft -> parallel-rl
+    npr           [pretrain] -> format-rl -> rejection -> sft -> parallel-rl   (sft starts from the base)
     --baseline    + baseline-rl-easy -> baseline-rl-hard (accuracy-only GRPO from the same base)
     --skip rl-easy  the recipe without a stage (an ablation): rl-hard starts from sft
 
@@ -130,8 +130,9 @@ def recipe(config: TrainConfig) -> list[Stage]:
     base = [stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr,
                   mode="causal")] if c.pretrain_data else []
     if c.recipe == "parallel-r1":
+        # the teacher writes zero-shot with plain generation, tags and all (causal), prompted to write them
         cold_start = [] if c.sft_data else [stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries,
-                                                  teacher=c.teacher, instructions="parallel")]  # the elicitation prompt
+                                                  teacher=c.teacher, instructions="parallel", mode="causal")]
         stages = base + cold_start + [
             stage("sft", "sft", c.easy_data, steps=c.sft_steps, traces=c.sft_data or "cold-start-data", lr=c.sft_lr),
             stage("rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.easy_reward, lr=c.lr),
@@ -144,19 +145,20 @@ def recipe(config: TrainConfig) -> list[Stage]:
         stages = base + [
             npr("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr, mode="causal"),
             npr("rejection", "distill", c.easy_data, tries=c.distill_tries, mode="causal"),
-            npr("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured"),
+            # NPR fine-tunes the original (instruct) model on the format-RL model's kept traces:
+            # format RL only writes data (its code's sft_math.sh starts from the instruct base)
+            npr("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured",
+                start="pretrain" if base else ""),
             npr("parallel-rl", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", drop_invalid=True,
                 advantage="batch", lr=c.lr, mode="structured"),
         ]
     else:
         raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
-    if c.baseline:
-        start = "pretrain" if base else ""
+    if c.baseline:  # plain GRPO: plain decoding, a stray tag is text (nothing forks)
+        baseline = partial(stage, reward="accuracy", lr=c.lr, instructions="plain", mode="causal")
         stages += [
-            stage("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="accuracy", lr=c.lr,
-                  start=start, instructions="plain"),
-            stage("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps, reward="accuracy", lr=c.lr,
-                  instructions="plain"),
+            baseline("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, start="pretrain" if base else ""),
+            baseline("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps),
         ]
     return skip(stages, c.skip)
 

@@ -7,7 +7,9 @@ The dataclass defaults are the toy world's (a laptop runs the whole curriculum i
     2. a real model's defaults, when --model is not built from code (a hub id, a folder, a
        `.gguf` file, a checkpoint of one): REAL_SAMPLING for every script, REAL_TRAINING for
        train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, lower learning rates)
-    3. the placeholders: "auto" pretraining traces and evaluation sets, "" schema, 0 distil tries
+    3. the placeholders: "auto" pretraining traces and evaluation sets, "" schema, 0 distil tries;
+       eval.py and sample.py take a checkpoint's schema, attention mode and path stride
+    4. the schema's: NPR's plan cap (--paths) is its engine's, 5, not Parallel-R1's K
 
 and returns what it changed, which the scripts print and save. Not here: the flags themselves
 (config.py), which stages run (curriculum.py).
@@ -19,7 +21,7 @@ import json
 import os
 
 from . import NanoparError
-from .checkpoint import checkpoint_schema
+from .checkpoint import trained_with
 from .config import flags_given
 from .data import load_problems, source_for, heldout_set_of
 from .model import is_built
@@ -42,6 +44,7 @@ REAL_TRAINING = {  # train.py's fields for a real model
 
 RECIPE_SCHEMAS = {"parallel-r1": "parallel-r1", "npr": "npr"}  # the tags each recipe writes unless --schema says otherwise
 DISTILL_TRIES = {"parallel-r1": 1, "npr": 8}  # samples per problem of a distill stage: a teacher's one, NPR's rejection 8
+NPR_PLANS = 5  # the most plans (branches) NPR's engine forks a guideline into
 
 
 def real_defaults(training: bool = False) -> dict:
@@ -73,8 +76,14 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
                 put(field, value)
     if training:
         _resolve_training_placeholders(config, put)
-    elif hasattr(config, "schema"):
-        put("schema", checkpoint_schema(config.schema, config.model).name)
+    else:  # a checkpoint evaluated or sampled as it was trained: its tags, attention and positions
+        trained = trained_with(config.model)
+        for field in ("mode", "path_stride"):
+            if field in trained and field not in given:
+                put(field, trained[field])
+        put("schema", config.schema or trained.get("schema") or "parallel-r1")
+    if config.schema == "npr" and "paths" not in given:
+        put("paths", NPR_PLANS)  # the model chooses its branch count: up to NPR's engine's, not K = 2 or 3
     return changed
 
 

@@ -32,7 +32,7 @@ from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints
 from .config import save_config
 from .curriculum import Stage, TrainConfig, recipe, select, starting_stage
 from .data import write_jsonl
-from .distill import keep_traces
+from .distill import KEEP, keep_traces
 from .forward import head_read_for
 from .grpo import GRPOSettings, Reference, grpo_step
 from .heldout import HeldOut
@@ -86,7 +86,7 @@ class Runner:
 
         def save(name: str) -> None:
             save_checkpoint(folder / name, model, tokenizer, optimizer, scheduler, step,
-                            vars(config) | {"stage": stage.name})
+                            vars(config) | {"stage": stage.name, "mode": stage.mode})  # the mode it was trained in
 
         with progress(self.console) as bar:
             title = f"{stage.name} ({stage.instructions} prompt, {stage.mode})"
@@ -145,17 +145,20 @@ class Runner:
 
     def distill(self, stage: Stage) -> None:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
-        strong model) or its input model (NPR's rejection: self-distillation); keep one correct,
-        valid parallel trace per problem."""
+        strong model) or its input model (NPR's rejection: self-distillation); keep one correct trace
+        per problem that passes the recipe's filter (Parallel-R1: a valid parallel trace; NPR: its
+        format, a round of one plan too)."""
         model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage), stage.mode)
         problems = self.inputs.problems(stage.data)[: self.config.distill_problems or None]
+        keep = "structured" if self.config.recipe == "npr" else "parallel"  # NPR's rejection: its format score >= 0
         with progress(self.console) as bar:
             task = bar.add_task(stage.name, total=len(problems))
             kept = keep_traces(model, tokenizer, policy, problems, lambda p: self.inputs.prompt(p, tokenizer, stage),
                                lambda start: SamplerSettings.from_flags(self.config, seed=self.config.seed + start),
                                stop_ids(model, tokenizer), stage.tries, max(1, self.config.prompts_per_step),
                                done=lambda seen, n: bar.update(task, completed=seen,
-                                                               description=f"{stage.name} kept {n}"))
+                                                               description=f"{stage.name} kept {n}"),
+                               keep=keep)
         fraction = len(kept) / len(problems)
         self.log.write({"stage": stage.name, "event": "distill", "problems": len(problems), "kept": len(kept),
                         "kept_fraction": fraction})
@@ -164,7 +167,7 @@ class Runner:
             fix = ("give ready traces with --sft-data" if self.config.recipe == "parallel-r1" else
                    "NPR distils its own traces: raise --distill-tries or --rl-easy-steps (format RL), or run "
                    "--recipe parallel-r1, whose cold start reads --sft-data")
-            raise NanoparError(f"{stage.name}: no correct, valid parallel trace in {len(problems)} problems; "
+            raise NanoparError(f"{stage.name}: no {KEEP[keep]} in {len(problems)} problems; "
                                f"the model cannot write them yet: {fix}")
         write_jsonl(self.folder(stage) / "traces.jsonl", kept)
 

@@ -101,11 +101,23 @@ def test_npr_schema_samples_in_npr_tags(tmp_path):
         assert all(i < before + len(NPR.all()) for i in record["ids"])  # the tags are the only new ids
 
 
-def test_a_checkpoint_names_its_schema(tmp_path):
-    """eval.py and sample.py read the schema a checkpoint was trained with; a flag still wins."""
-    from nanopar.checkpoint import checkpoint_schema
-    from nanopar.tags import NPR, PARALLEL_R1
+def test_a_checkpoint_is_sampled_as_it_was_trained(tmp_path):
+    """eval.py and sample.py read the schema, attention mode and path stride a checkpoint was
+    trained with (its stage's mode, saved by the runner); a flag still wins."""
+    import eval as eval_script
 
-    (tmp_path / "run_config.json").write_text('{"schema": "npr"}')
-    assert checkpoint_schema("", str(tmp_path)) is NPR and checkpoint_schema("parallel-r1", str(tmp_path)) is PARALLEL_R1
-    assert checkpoint_schema("", "tiny:qwen3") is PARALLEL_R1
+    from nanopar.config import parse_config
+    from nanopar.defaults import resolve
+
+    (tmp_path / "run_config.json").write_text('{"schema": "npr", "mode": "causal", "path_stride": 50}')
+    for kind in (sample.SampleConfig, eval_script.EvalConfig):
+        config = parse_config(kind, ["--model", str(tmp_path)])
+        resolve(config, ["--model", str(tmp_path)])
+        assert (config.schema, config.mode, config.path_stride) == ("npr", "causal", 50)
+        argv = ["--model", str(tmp_path), "--schema", "parallel-r1", "--mode", "structured", "--path-stride", "0"]
+        config = parse_config(kind, argv)
+        resolve(config, argv)
+        assert (config.schema, config.mode, config.path_stride) == ("parallel-r1", "structured", 0)
+    config = parse_config(sample.SampleConfig, ["--model", "tiny:qwen3"])
+    resolve(config, ["--model", "tiny:qwen3"])
+    assert (config.schema, config.mode, config.path_stride) == ("parallel-r1", "structured", 0)

@@ -456,8 +456,19 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
     """--recipe npr: format RL, rejection sampling (a stand-in model that is right half the time),
     parallel SFT on the kept traces, parallel RL; every stage evaluated, the table printed."""
     half_right_sampler(monkeypatch)
+    inputs, real_input = {}, nanopar.runner.Runner.input_model
+    monkeypatch.setattr(nanopar.runner.Runner, "input_model",
+                        lambda self, stage: inputs.setdefault(stage.name, real_input(self, stage)))
     out = train.main(["--out", str(tmp_path), "--recipe", "npr", *SMALL, "--distill-tries", "2",
                       "--eval-problems", "2"])
+    # format RL writes the data; the parallel SFT fine-tunes the base (NPR's code: the instruct model)
+    assert inputs["sft"] == str(out / "1-pretrain" / "final") != inputs["parallel-rl"]
+    assert inputs["rejection"] == str(out / "2-format-rl" / "final")
+    # each checkpoint says the attention it was trained in, which eval.py and sample.py then use
+    modes = {stage: json.loads((out / stage / "final" / "run_config.json").read_text())["mode"]
+             for stage in ("1-pretrain", "2-format-rl", "4-sft", "5-parallel-rl")}
+    assert modes == {"1-pretrain": "causal", "2-format-rl": "causal", "4-sft": "structured",
+                     "5-parallel-rl": "structured"}
     kept = read_jsonl(out / "3-rejection" / "traces.jsonl")
     assert len(kept) == 3  # the NPR recipe writes NPR's tags: the kept traces are NPR rounds
     assert all(check_parallel(r["response"], NPR).ok and "<Parallel>" not in r["response"] for r in kept)
