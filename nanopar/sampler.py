@@ -71,8 +71,8 @@ class SamplerSettings:
 class RolloutStats:
     new_tokens: int  # response tokens, sampled and inserted
     sampled_tokens: int  # tokens drawn from the policy (what max_new_tokens bounds)
-    forks: int  # blocks opened (<Parallel>; NPR: <guideline>, one plan or more)
-    path_lengths: list[list[int]]  # tokens of each path of each block, as the sampler built them
+    forks: int  # blocks opened: block tags written (<Parallel>; NPR: <guideline>, forked or cut before </guideline>)
+    path_lengths: list[list[int]]  # per fork, in order: its paths' tokens ([]: the response ended before its paths)
     critical_path: int  # response tokens on the longest route (paths of a block side by side)
     stray_tags: int  # tags sampled where they mean nothing, kept as text
     cut_paths: int  # paths closed by an inserted </Path> (length limit, EOS, budget)
@@ -423,8 +423,11 @@ class _Decoder:
             response.take_block()
         tokens = response.tokens
         trace = parse_ids(tokens.ids, self.tags)
-        path_lengths = response.path_lengths  # structured: as the branches were built; causal: as read
-        if not self.structured:
+        # one entry per fork in both modes. Structured: as the branches were built, and [] for the
+        # guideline (NPR) the response ended in before </guideline>, as the reader has it; causal: as read
+        if self.structured:
+            path_lengths = response.path_lengths + [[]] * (response.forks - len(response.path_lengths))
+        else:
             path_lengths = [[len(p) for p in b.paths] for b in trace.blocks]
         stats = RolloutStats(
             new_tokens=len(tokens.ids), sampled_tokens=response.sampled, forks=response.forks,

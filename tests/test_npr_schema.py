@@ -265,9 +265,9 @@ def test_two_hundred_npr_rollouts_stay_within_budgets_and_agree_on_their_structu
             assert all(sum(r.sampled[p.start: p.end]) <= settings.max_path_tokens for p in b.paths)
         # one branch per plan: the sampler's branches, the reader's steps, the plans written
         forked = [b for b in blocks if b.paths]
-        assert [len(lengths) for lengths in stats.path_lengths] == [len(b.paths) for b in forked]
+        assert [len(lengths) for lengths in stats.path_lengths] == [len(b.paths) for b in blocks]  # [] unforked
         assert [len(b.paths) for b in forked] == [len(b.plans) for b in forked]
-        assert stats.path_lengths == [[len(p) for p in b.paths] for b in forked]
+        assert stats.path_lengths == [[len(p) for p in b.paths] for b in blocks]
         assert all(b.paths for b in blocks[:-1])  # only the last guideline can be cut before its fork
         # every step opens with <step> and its label, inserted (not sampled, log-prob 0)
         for b in forked:
@@ -282,7 +282,7 @@ def test_two_hundred_npr_rollouts_stay_within_budgets_and_agree_on_their_structu
         assert all(lp < 0.0 for lp, s in zip(r.logprobs, r.sampled) if s)
         assert stats.stray_tags == len(r.trace.stray)
         # the critical path, from the sampler's branches alone
-        assert stats.critical_path == len(r.ids) - sum(sum(n) - max(n) for n in stats.path_lengths)
+        assert stats.critical_path == len(r.ids) - sum(sum(n) - max(n, default=0) for n in stats.path_lengths)
         assert stats.critical_path == trace_stats(r.trace).critical_path
         # the layout's reading: path numbers per token, and (stride 0) positions end on the critical path
         full = r.prompt_ids + r.ids
