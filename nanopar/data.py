@@ -182,7 +182,8 @@ def load_problems(
 
 def load_traces(spec: str | Path, schema=None) -> list[dict]:
     """SFT traces: a registered source's ("toy:parallel", written in `schema`'s tags, Parallel-R1's
-    when None), or every record of a .jsonl file (as written: `runner` checks their tags).
+    when None), or every record of a .jsonl file, as written: whether the traces of a run's
+    parallel SFT are parallel in its schema is `RunInputs.check_traces`'s to judge.
 
     A record needs string fields question and response (answer and id are optional); a record
     without them, or a missing file, is a one-line NanoparError.

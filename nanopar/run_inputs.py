@@ -3,6 +3,7 @@
     RunInputs(config, stages, schema, folder_of)
       .problems("toy:easy")       a training set, less what an evaluation set holds out of it
       .traces(stage)              SFT traces: a distill stage's traces.jsonl or a data spec
+      .check_traces(stage)        a data spec's traces, checked: present, and parallel where they must be
       .sft_examples(stage, tok)   (prompt ids, response ids + EOS) pairs
       .prompt(problem, tok, stage)  the prompt ids, with the stage's instructions
       .eval_sets() / .eval_problems(spec)   the resolved --eval-data and its first N problems
@@ -21,8 +22,11 @@ from typing import Callable
 from . import NanoparError
 from .curriculum import Stage, TrainConfig
 from .data import SLICE, Problem, load_problems, load_traces
+from .format import check_parallel
 from .prompts import build_prompt, instructions_named
-from .tags import TagSchema
+from .tags import SCHEMAS, TagSchema
+
+PARALLEL_SFT = "sft"  # the SFT stage that teaches the schema: Parallel-R1's cold start, NPR's parallel SFT
 
 
 class RunInputs:
@@ -52,6 +56,30 @@ class RunInputs:
             return load_traces(spec, self.schema)
         except NanoparError as error:  # the same error, saying which stage asked
             raise NanoparError(f"{stage.name}: {error}") from None
+
+    def check_traces(self, stage: Stage) -> str | None:
+        """An SFT stage's traces from a data spec, checked before any model loads (a distill
+        stage's are judged by its own filter as it writes them). None at all is a one-line
+        NanoparError; so is, for the stage that teaches the schema (`PARALLEL_SFT`), none that is a
+        valid parallel trace in the run's schema (`format.check_parallel`): a file in the other
+        schema would train as plain text. Pretraining reads sequential text (the toy's instruct
+        mix: mostly) and is not judged. -> the line to print when some traces are not parallel."""
+        records = self.traces(stage)
+        if not records:
+            raise NanoparError(f"{stage.name}: no traces in {stage.traces}")
+        if stage.name != PARALLEL_SFT:
+            return None
+        failed = [check.reason for r in records if not (check := check_parallel(r["response"], self.schema)).ok]
+        if len(failed) == len(records):
+            others = [s.name for s in SCHEMAS.values() if s != self.schema
+                      and any(check_parallel(r["response"], s).ok for r in records)]
+            hint = f"; they are written in the {others[0]} schema (--schema {others[0]})" if others else ""
+            raise NanoparError(f"{stage.name}: none of the {len(records)} traces in {stage.traces} is a valid parallel "
+                               f"trace in the {self.schema.name} schema (the first: {failed[0]}){hint}")
+        if failed:
+            return (f"{stage.name}: {len(failed)} of {len(records)} traces are not valid parallel traces "
+                    f"in the {self.schema.name} schema")
+        return None
 
     def sft_examples(self, stage: Stage, tokenizer) -> list[tuple[list[int], list[int]]]:
         """The traces as (prompt ids, response ids + EOS) pairs; a record that names its own

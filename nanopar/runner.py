@@ -245,8 +245,10 @@ class Runner:
         for stage in chosen:
             if stage.kind in ("grpo", "distill"):
                 self.inputs.problems(stage.data)
-            if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages} and not self.inputs.traces(stage):
-                raise NanoparError(f"{stage.name}: no traces in {stage.traces}")
+            if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
+                note = self.inputs.check_traces(stage)  # how many are not parallel where they must be
+                if note:
+                    self.console.print(note)
         for spec in self.inputs.eval_sets() if self.config.eval_problems else []:
             self.inputs.eval_problems(spec)
 

@@ -198,6 +198,43 @@ def test_load_traces_reads_a_jsonl_file_and_names_the_bad_line(tmp_path):
     assert one_line(error) == f"traces not found: {tmp_path / 'nope.jsonl'}"
 
 
+@pytest.mark.parametrize("schema, other", [(PARALLEL_R1, NPR), (NPR, PARALLEL_R1)], ids=["parallel-r1", "npr"])
+def test_the_cold_start_traces_of_a_run_are_judged_in_its_schema(schema, other, tmp_path):
+    """RunInputs.check_traces: traces in the other schema are a one-line error that names it; a mix
+    gives the count of those that are not valid parallel traces; pretraining's are not judged."""
+    from nanopar.curriculum import TrainConfig, recipe
+    from nanopar.defaults import resolve
+    from nanopar.run_inputs import RunInputs
+
+    def stages_and_inputs(recipe_name, sft_data):
+        config = TrainConfig(recipe=recipe_name, schema=schema.name, sft_data=sft_data)
+        resolve(config, ["--recipe", "--schema", "--sft-data"])
+        stages = recipe(config)
+        return {s.name: s for s in stages}, RunInputs(config, stages, schema, lambda stage: tmp_path / stage.name)
+
+    mine = load_traces("toy:parallel", schema)  # the teacher's: three in four parallel, the rest without tags
+    parallel = [r for r in mine if schema.block_open in r["response"]]
+    sequential = [r for r in mine if "<" not in r["response"]]
+    theirs = [r for r in load_traces("toy:parallel", other) if other.block_open in r["response"]][:10]
+    wrong = write_jsonl(tmp_path / "other.jsonl", theirs)
+    stages, inputs = stages_and_inputs("parallel-r1", str(wrong))
+    with pytest.raises(NanoparError) as error:
+        inputs.check_traces(stages["sft"])
+    reason = "no valid parallel block" if schema is PARALLEL_R1 else "no <guideline> of two or more <plan>"
+    assert one_line(error) == (f"sft: none of the 10 traces in {wrong} is a valid parallel trace in the {schema.name} "
+                               f"schema (the first: {reason}); they are written in the {other.name} schema "
+                               f"(--schema {other.name})")
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", sequential[:4] + parallel[:7] + theirs[:2])
+    stages, inputs = stages_and_inputs("parallel-r1", str(mixed))
+    assert inputs.check_traces(stages["sft"]) == (f"sft: 6 of 13 traces are not valid parallel traces in the "
+                                                  f"{schema.name} schema")
+    stages, inputs = stages_and_inputs("parallel-r1", "toy:parallel")
+    assert inputs.check_traces(stages["sft"]) == (f"sft: {len(sequential)} of {len(mine)} traces are not valid "
+                                                  f"parallel traces in the {schema.name} schema")
+    stages, inputs = stages_and_inputs("npr", "")
+    assert stages["pretrain"].traces == "toy:instruct" and inputs.check_traces(stages["pretrain"]) is None  # mostly sequential
+
+
 # --------------------------------------------------------------------------- JSON Lines helpers
 
 

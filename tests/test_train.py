@@ -562,3 +562,38 @@ def test_the_table_of_stages_shows_each_stages_change_over_the_one_it_started_fr
     assert cells("easy: vs its start") == ["-", expected("sft", "rl-easy"), expected("rl-easy", "rl-hard")]
     assert cells("easy: vs its start")[1:] == ["+25.0 ± 14.4", "+12.5 ± 12.5"]
     assert cells("hard: vs its start") == ["-", "+50.0 ± 0.0", "+0.0 ± 0.0"]  # the first 2 problems only: 0.5, 0.5
+
+
+def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """--sft-data is read in the run's schema: a file of NPR rounds given to a Parallel-R1 run is a
+    one-line error before a model loads (it would train as plain text); a file with some sequential
+    traces says how many and trains. Pretraining's traces are sequential and not judged."""
+    from nanopar.data import load_traces, write_jsonl
+
+    teacher = load_traces("toy:parallel")  # Parallel-R1's tags: three in four parallel, the rest sequential
+    parallel = [r for r in teacher if "<Parallel>" in r["response"]]
+    sequential = [r for r in teacher if "<" not in r["response"]]
+    rounds = [r for r in load_traces("toy:parallel", NPR) if "<guideline>" in r["response"]]
+    write_jsonl(tmp_path / "npr.jsonl", rounds[:12])
+    write_jsonl(tmp_path / "mixed.jsonl", parallel[:9] + sequential[:3])
+    real_load = nanopar.runner.load_model
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the traces were checked")
+
+    monkeypatch.setattr(nanopar.runner, "load_model", no_model)
+    with pytest.raises(NanoparError) as error:
+        train.main(["--out", str(tmp_path / "npr"), *SMALL, "--stages", "pretrain,sft",
+                    "--sft-data", str(tmp_path / "npr.jsonl")])
+    assert one_line(error) == (f"sft: none of the 12 traces in {tmp_path / 'npr.jsonl'} is a valid parallel trace in "
+                               "the parallel-r1 schema (the first: no valid parallel block); they are written in "
+                               "the npr schema (--schema npr)")
+    assert not (tmp_path / "npr").exists() or not [p for p in (tmp_path / "npr").glob("*") if p.is_dir()]
+    monkeypatch.setattr(nanopar.runner, "load_model", real_load)
+    capsys.readouterr()
+    out = train.main(["--out", str(tmp_path / "mixed"), *SMALL, "--stages", "pretrain,sft", "--eval-problems", "0",
+                      "--sft-data", str(tmp_path / "mixed.jsonl")])
+    printed = capsys.readouterr().out
+    assert "sft: 3 of 12 traces are not valid parallel traces in the parallel-r1 schema" in printed
+    assert printed.count("not valid parallel traces") == 1  # pretraining's 4,000 sequential traces: not judged
+    assert (out / "2-sft" / "final").is_dir()
