@@ -45,7 +45,7 @@ class SamplerSettings:
     starts from, the toy world's (its teacher writes 3 paths, each within 48 tokens, every trace
     within 224); a real model gets defaults.REAL_SAMPLING instead."""
 
-    paths: int = 3  # K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold
+    paths: int = 3  # K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold (default 5, NPR's engine's)
     max_new_tokens: int = 224  # sampled tokens per response, counted over all its branches
     max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn
     max_path_tokens: int = 48  # sampled tokens per path; then </Path> is inserted
