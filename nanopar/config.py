@@ -43,7 +43,7 @@ class ScriptConfig(SamplerSettings):
     device: str = "auto"  # cpu / cuda / auto
     schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the recipe's (train.py) or the checkpoint's, else parallel-r1
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
-    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; >= max_path_tokens + 2 = disjoint)
+    path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; disjoint from max_path_tokens + 2, NPR: + 2 + its label "k:")
     temperature: float = 1.0  # sampling temperature, the policy GRPO trains (0 = greedy)
     instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one

@@ -142,6 +142,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
         # NPR prompts with its format at every stage; the parallel mask and positions arrive with
         # the parallel SFT (stages 1 and 2 sample and train causally, like the instruct model)
         npr = partial(stage, instructions="parallel")
+        # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stages 1-2, hard in 3 (NPR: all ORZ)
         stages = base + [
             npr("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr, mode="causal"),
             npr("rejection", "distill", c.easy_data, tries=c.distill_tries, mode="causal"),
