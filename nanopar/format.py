@@ -19,10 +19,15 @@ NPR's rules (our reading of its released prompt; `check_npr_tags` on the tags, t
 A trace without tags is valid (and not parallel); a round with one plan is valid, not parallel.
 
 Algorithm 1 accepts tags the lenient reading (`trace.py`: what the sampler and layout follow)
-treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So every reward,
-filter and metric that means "a valid parallel trace" asks `check_parallel` instead: Algorithm 1
-on the tags as read AND no stray tag AND not truncated AND at least one valid block. It judges
-a reading (a rollout's token ids), so NPR's text rules are `check_format`'s alone.
+treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So the judges built
+on it read the tags as the reading does, one per meaning:
+  check_parallel     a valid parallel trace: Algorithm 1 on the reading, no stray tag, not
+                     truncated, one valid block or more (the parallel rewards and ratio,
+                     Parallel-R1's cold-start filter);
+  check_structured   a text that follows the schema strictly with one block or more, of one
+                     branch too under NPR (NPR's rejection filter and `npr_format`);
+  check_well_formed  a reading the layout can lay out: the tag rules, no stray tag, not cut
+                     inside a block (PAPO's drop keeps these, sequential ones too).
 Not here: the reading itself (trace.py), the rewards built on these judges (rewards.py).
 """
 
@@ -59,8 +64,8 @@ def check_format(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
 
 
 def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
-    """A valid parallel trace, the one definition: the `parallel` rewards, `npr_format`, PAPO's drop,
-    the distill filters and the parallel-ratio metric all ask this. A text is read first (with
+    """A valid parallel trace, the one definition: the `parallel` rewards, Parallel-R1's cold-start
+    filter and the parallel-ratio metric all ask this. A text is read first (with
     `schema`); a `Trace` is judged by the schema it was read with.
 
     Judged on the reading (for a rollout: its token ids, as sampled and as the layout trains on
@@ -88,9 +93,41 @@ def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> Forma
     return FormatCheck(True)
 
 
+def check_structured(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
+    """A structured trace: the schema's format rules hold on the text (`check_format`), its
+    reading has no stray tag and is not truncated, and it holds at least one block. Under NPR a
+    round of one plan counts: this is NPR's own format check, what its rejection sampling keeps
+    (with a correct answer) and what `npr_format` pays for. A text without tags is not one.
+
+    NPR's released check (`compute_format_score`, a score >= 0 passes) reads the same tag rules,
+    with two differences from our rules 1-6: it does not look for the "i:" labels (our rule 3,
+    from its prompt, which asks for them), and it also fails a plan under 3 characters, a step or
+    takeaway under 6 (whitespace removed) and an empty \\boxed{}; we leave those out, because they
+    are sized for its maths, not a task's (the toy's takeaway "no" is 2 characters).
+
+    >>> from nanopar.tags import NPR
+    >>> one = "<guideline><plan>1:add</plan></guideline><step>1:2+2=4</step><takeaway>4</takeaway>Final Answer: 4"
+    >>> check_structured(one, NPR).ok, check_structured("Final Answer: 4", NPR).reason
+    (True, 'no <guideline>')
+    """
+    rules = check_format(text, schema)
+    if not rules:
+        return rules
+    trace = parse_trace(text, schema)
+    if trace.error:
+        return FormatCheck(False, trace.error)
+    if not trace.blocks:
+        return FormatCheck(False, f"no {schema.block_open}")
+    return FormatCheck(True)
+
+
 def check_well_formed(trace: Trace) -> FormatCheck:
-    """The schema's tag rules on a reading, with no stray tag and not truncated: a response
-    that may be sequential (no tag, or NPR rounds of one plan) but breaks no rule."""
+    """A reading the layout can lay out: the schema's tag rules on its tags, no stray tag, and not
+    truncated (cut inside a block or a summary); it may be sequential (no tag, or NPR rounds of one
+    plan). PAPO's drop keeps exactly these. NPR's released code keeps a rollout when it can build
+    its attention mask and positions (no nested or unmatched step tag, no round left open) and it
+    is not longer than the budget; here the budget cuts a response, and one cut inside a block is
+    truncated. Our tag rules are the stricter side (as many steps as plans, for one)."""
     rules = check_tag_sequence(trace.tags, trace.schema)
     if rules and trace.error:
         return FormatCheck(False, trace.error)

@@ -17,8 +17,10 @@
   - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
     exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
     (after SFT: the SFT adapter, not the base model; see `Reference`);
-  - PAPO's rule (NPR) as a switch: rollouts that are not valid parallel traces are dropped
-    *before* the advantages, so means and stds are over the kept rollouts only;
+  - PAPO's rule (NPR) as a switch: rollouts the layout cannot lay out (stray tags, a block that
+    breaks the schema, cut inside a block: `RewardResult.layout_ok`) are dropped *before* the
+    advantages, so means and stds are over the kept rollouts only; a well-formed sequential
+    rollout is kept, as NPR's released code keeps it;
   - gradient accumulation over micro-batches (a number of rows, or rows packed under a token
     budget), gradient-norm clipping, a non-finite step skipped.
 Not here: how the sampler or a reward works (sampler.py, rewards.py), the optimiser's
@@ -48,7 +50,7 @@ from .sampler import Rollout, SamplerSettings, sample
 @dataclass
 class GRPOSettings:
     group_size: int = 8  # G: responses sampled per prompt; advantages are relative within a group
-    drop_invalid: bool = False  # drop rollouts that are not valid parallel traces before the advantages (PAPO)
+    drop_invalid: bool = False  # drop rollouts the layout cannot lay out (malformed, cut inside a block) before the advantages (PAPO)
     advantage: str = "zscore"  # "zscore" (r - mean) / (std + eps), "mean" (r - mean) or "batch" (PAPO)
     updates: int = 1  # optimiser steps per rollout batch; 1 = on-policy, ratio = 1
     clip: float = 0.2  # PPO clip range of the ratio (matters only when updates > 1)
@@ -74,7 +76,7 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     owners = [problem for problem in problems for _ in range(G)]  # [B * G]
     results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
     rewards = torch.tensor([result.total for result in results])  # [B * G]
-    kept = torch.tensor([result.format_ok or not settings.drop_invalid for result in results])  # [B * G]
+    kept = torch.tensor([result.layout_ok or not settings.drop_invalid for result in results])  # [B * G]
     advantages = group_advantages(rewards, G, settings.advantage, kept)  # [B * G], 0 where dropped
     keep = kept.nonzero().flatten().tolist()
     # every kept advantage 0 and no KL term: the loss and its gradient are 0, so skip the forward and

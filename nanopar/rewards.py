@@ -10,8 +10,8 @@ hiding it. `@register("name")` adds a reward; `load_reward_file` loads a user's 
 Schedules pick the spec per step: `Constant`, `Alternating` (Parallel-R1: 8 of every 10 steps
 accuracy, 2 parallel), `TwoPhase` (that scaffold, then accuracy). `as_trl_reward` wraps a reward
 for TRL's GRPOTrainer.
-Not here: PAPO's dropping of invalid rollouts (grpo.py), length or diversity rewards, learned
-reward models.
+Not here: PAPO's drop itself (grpo.py; `RewardResult.layout_ok` says what it keeps), length or
+diversity rewards, learned reward models.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 
 from . import NanoparError
 from .data import Problem
-from .format import check_format, check_parallel, check_well_formed
+from .format import check_format, check_parallel, check_structured, check_well_formed
 from .grading import Grade, grade
 from .tags import PARALLEL_R1, TagIds, TagSchema
 from .trace import Trace, parse_ids, parse_trace
@@ -204,20 +204,23 @@ def accuracy_times_parallel(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("npr_format")
 def npr_format(text: str, trace: Trace, problem: Problem) -> float:
-    """NPR stage 1 (NPR-Zero): format compliance and correctness, a correct parallel answer first.
+    """NPR stage 1 (NPR-Zero): format and correctness, a correct answer in NPR's format first.
 
-    NPR adds a format signal (0 when the format check passes, a penalty in (0, -2] when it
-    fails) to an accuracy signal (+1 / -1) given only when the format passes; NPR's format is
-    the parallel structure, so a tagless answer does not pass. Ours, in the trace's schema,
-    highest first:
-      valid parallel trace (`format.check_parallel`), correct     +1
-      well formed but sequential (no tag; NPR: rounds of one
-      plan), correct (`format.check_well_formed`)                   0
-      valid parallel or well formed, wrong                         -1
+    Two sources disagree. NPR's write-up rewards format-following RL for format and correctness.
+    Its released NPR-Zero reward (`compute_score` in npr-zero's `math_dapo.py`) is accuracy only,
+    +1 / -1 (-2 for an empty response): the format score is computed by a function it never calls,
+    and the lines that would add it are commented out. nanopar follows the write-up. The format is
+    NPR's own check (`format.check_structured`: one round or more, a round of one plan too, every
+    rule kept), so a correct answer in one-plan rounds scores as a parallel one: NPR's check
+    accepts it, and the model chooses its branch count. In the trace's schema, highest first:
+      follows the format (`format.check_structured`), correct     +1
+      well formed but not in the format (no tag, or a text rule
+      broken), correct (`format.check_well_formed`)                 0
+      either of those, wrong                                       -1
       structural problems (stray tags, bad blocks, truncated)      -1 for one, 0.25 less for
                                                                    each further one, floor -2
-    A correct sequential answer earns more than a wrong one (it is still an answer), less than
-    a correct parallel one (so the stage teaches the format).
+    A correct answer outside the format earns more than a wrong one (it is still an answer), less
+    than one in the format (so the stage teaches the format).
 
     >>> right = Problem("p", "q", "4")
     >>> [npr_format(t, parse_trace(t), right) for t in ("<Parallel><Path>2+2</Path><Path>4</Path></Parallel>"
@@ -228,9 +231,9 @@ def npr_format(text: str, trace: Trace, problem: Problem) -> float:
     -1.75
     """
     correct = is_correct(text, problem)
-    if check_parallel(trace):
+    if check_structured(text, trace.schema):
         return 1.0 if correct else -1.0
-    if check_well_formed(trace):  # a sequential answer
+    if check_well_formed(trace):  # no structural problem, but not in the format
         return 0.0 if correct else -1.0
     problems = len(trace.stray) + sum(not b.well_formed for b in trace.blocks) + int(trace.truncated)
     return -min(2.0, 1.0 + 0.25 * (max(problems, 1) - 1))
@@ -244,7 +247,7 @@ class RewardResult:
     total: float  # sum of weight * component
     components: dict[str, float]  # reward name -> its value, before weighting
     grade: Grade  # the answer's grade (shared by all components); grade.error counts failures
-    format_ok: bool  # a valid parallel trace (format.check_parallel): PAPO's drop keeps only these
+    layout_ok: bool  # the layout can lay the reading out (format.check_well_formed): PAPO's drop keeps only these
 
 
 def score(spec: str | dict[str, float], text: str, trace: Trace, problem: Problem) -> RewardResult:
@@ -260,10 +263,10 @@ def score(spec: str | dict[str, float], text: str, trace: Trace, problem: Proble
         components = {name: float(get_reward(name)(text, trace, problem)) for name in weights}
         answer_grade = graded(text, problem)  # from the cache when a reward asked for it
     total = sum(weights[name] * value for name, value in components.items())
-    # PAPO's "format-violating" is NPR's format, which *is* the parallel structure (its stage 3
-    # reports a parallel rate of 100%): a tagless answer violates it as much as a stray tag does,
-    # so `format_ok` is the one validity predicate, not the weaker "well-formed, maybe no block".
-    return RewardResult(total, components, answer_grade, check_parallel(trace).ok)
+    # PAPO drops what cannot be trained on as a parallel trace is: NPR's released code drops a
+    # rollout whose mask and positions it cannot build, or that is overlong, and keeps a
+    # well-formed sequential one (the accuracy reward then judges it)
+    return RewardResult(total, components, answer_grade, check_well_formed(trace).ok)
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -192,3 +192,77 @@ def test_check_parallel_says_why_not():
         "one path": "a <Parallel> block holds 1 <Path>; at least 2 are needed",
         "sequential": "no valid parallel block",
     }
+
+
+# ----------------------------------------------------------------------------- NPR's format: what its rejection keeps
+
+
+def npr_format_passes(text: str) -> bool:
+    """NPR's released format check (`compute_format_score` >= 0) as we read it, written anew for this
+    test, less its two departures that `check_structured` documents (it does not read the "i:"
+    labels; it fails short plans, steps and takeaways): with whitespace removed, the text is rounds
+    <guideline>(<plan>…</plan>)+</guideline>(<step>…</step>)+<takeaway>…</takeaway>, one or more,
+    as many steps as plans, nothing between the tags of a round, no tag outside a round."""
+    import re
+
+    squeezed = re.sub(r"\s+", "", text)
+    inner = r"(?:(?!<).|<(?!/?(?:guideline|plan|step|takeaway)>))*"  # text with no tag of the schema
+    round_ = rf"<guideline>((?:<plan>{inner}</plan>)+)</guideline>((?:<step>{inner}</step>)+)<takeaway>{inner}</takeaway>"
+    outside = rf"{inner}"
+    rounds = re.fullmatch(rf"{outside}(?:{round_}{outside})+", squeezed)
+    if rounds is None:
+        return False
+    return all(m.group(1).count("<plan>") == m.group(2).count("<step>") for m in re.finditer(round_, squeezed))
+
+
+def one_plan(trace: str) -> str:
+    """Every round of an NPR trace cut to its first plan and first step."""
+    import re
+
+    trace = re.sub(r"(<guideline><plan>[^<]*</plan>)(?:<plan>[^<]*</plan>)+", r"\1", trace)
+    return re.sub(r"(</guideline><step>[^<]*</step>)(?:<step>[^<]*</step>)+", r"\1", trace)
+
+
+def test_npr_format_is_npr_check_one_plan_rounds_pass_and_a_tagless_answer_does_not():
+    """`check_structured` under NPR against NPR's check written out, on the toy teacher's traces, the
+    same cut to one plan per round, and each with one tag deleted or text put between two tags of a
+    round (after <guideline>, </plan>, </guideline> or </step>)."""
+    from nanopar.format import check_parallel, check_structured
+    from nanopar.tags import NPR
+    from nanopar.toy import npr_trace, toy_problems
+
+    rng = random.Random(0)
+    texts = []
+    for problem in toy_problems("toy:easy")[:40]:
+        trace = npr_trace(problem, rng)
+        tags = find_tags(trace, NPR)
+        start, end, _ = tags[rng.randrange(len(tags))]
+        between = rng.choice([e for _, e, role in tags if role in ("block_open", "plan_close", "plans_close", "path_close")])
+        texts += [trace, one_plan(trace), trace[:start] + trace[end:], trace[:between] + "so" + trace[between:]]
+    verdicts = [(check_structured(t, NPR).ok, npr_format_passes(t)) for t in texts]
+    assert all(ours == theirs for ours, theirs in verdicts), [t for t, v in zip(texts, verdicts) if v[0] != v[1]]
+    assert sum(ours for ours, _ in verdicts) >= 80  # the traces and their one-plan cuts, at least
+    single = one_plan(texts[0])
+    assert check_structured(single, NPR).ok and not check_parallel(single, NPR).ok  # a round of one plan is NPR's format
+    tagless = "2+2=4\nFinal Answer: 4"
+    assert check_format(tagless, NPR).ok and check_structured(tagless, NPR).reason == "no <guideline>"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("<guideline><plan>1:a</plan></guideline><step>a</step><takeaway>t</takeaway>x", "step 1 does not open with '1:'"),
+    ("<guideline><plan>1:a</plan></guideline><step>1:a", "<step> is never closed"),
+    ("<guideline><plan>1:a</plan></guideline><step>1:a</step><takeaway>t</takeaway>", "no answer after the last </takeaway>"),
+])
+def test_npr_format_says_why_not(text, reason):
+    from nanopar.format import check_structured
+    from nanopar.tags import NPR
+
+    assert check_structured(text, NPR).reason == reason
+
+
+@pytest.mark.parametrize("name", sorted(PARALLEL_CASES))
+def test_under_parallel_r1_the_format_with_a_block_is_a_valid_parallel_trace(name):
+    from nanopar.format import check_parallel, check_structured
+
+    text, valid, _ = PARALLEL_CASES[name]
+    assert check_structured(text).ok == valid == check_parallel(text).ok

@@ -198,9 +198,10 @@ def test_sft_loss_is_the_mean_cross_entropy_of_response_tokens():
 
 def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     """`grpo_step` against the same step written out by hand on a twin model, on scripted responses:
-    the rollouts that are not valid parallel traces dropped (PAPO), *then* the advantages of the
-    kept ones (not every rollout normalised and the invalid ones dropped after), the same
-    parameters after the update."""
+    the rollouts the layout cannot lay out dropped (PAPO: stray or nested tags, a block of one path,
+    cut inside a block; a well-formed sequential answer stays, as in NPR's released code), *then*
+    the advantages of the kept ones (not every rollout normalised and the invalid ones dropped
+    after), the same parameters after the update."""
     import copy
 
     import nanopar.grpo
@@ -218,15 +219,15 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     eos = stop_ids(model, tokenizer)
     block = "<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>"
     right = [f"Final Answer: {p.answer}" for p in problems]
-    responses = [  # reward = format (Algorithm 1: +1 / -1) + 0.5 * accuracy (+1 / -1); valid parallel?
+    responses = [  # reward = format (Algorithm 1: +1 / -1) + 0.5 * accuracy (+1 / -1); kept? valid parallel?
         block + right[0], block + "Final Answer: 0", right[0], block + "<Path>z</Path>" + right[0],
-        #  1.5 yes          0.5 yes                    1.5 no    1.5 no (a stray <Path>)
+        #  1.5 kept, yes    0.5 kept, yes              1.5 kept, no (sequential)  1.5 dropped (a stray <Path>)
         block + right[1], block + right[1], block.replace("x", "<Path>x</Path>") + right[1],
-        #  1.5 yes          1.5 yes          1.5 no (a nested <Path>)
+        #  1.5 kept, yes    1.5 kept, yes    1.5 dropped (a nested <Path>)
         block.replace("<Path>y</Path>", "") + right[1],
-        # -0.5 no (one path)
+        # -0.5 dropped (one path)
         "<Parallel><Path>x", block + "Final Answer: 0", block + right[2], block + right[2],
-        # -1.5 no (truncated)  0.5 yes                  1.5 yes            1.5 yes
+        # -1.5 dropped (truncated)  0.5 kept, yes       1.5 kept, yes      1.5 kept, yes
     ]
     scripted = [text_rollout(prompts[i // 4], tokenizer.encode(r, add_special_tokens=False) + [eos[0]],
                              policy.tag_ids) for i, r in enumerate(responses)]
@@ -235,17 +236,17 @@ def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):
     optimizer = make_optimizer(model, lr=1e-3)[0]
     rollouts, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, SamplerSettings(),
                                   settings, {"format": 1.0, "accuracy": 0.5})
-    assert rollouts is scripted and metrics["dropped_invalid"] == 5
+    assert rollouts is scripted and metrics["dropped_invalid"] == 4
     assert metrics["reward"] == pytest.approx((1.5 + 0.5 + 1.5 + 1.5 + 1.5 * 3 - 0.5 - 1.5 + 0.5 + 1.5 * 2) / 12)
-    assert metrics["parallel_ratio"] == 7 / 12  # the kept ones: one predicate for the drop and the metric
-    # kept rewards per group: [1.5, 0.5] -> +-1; [1.5, 1.5] -> 0; [0.5, 1.5, 1.5]: mean 7/6,
-    # centred [-2/3, 1/3, 1/3], std sqrt((4/9 + 1/9 + 1/9) / 3) = sqrt(2/9) -> [-1.4142, 0.7071, 0.7071]
+    assert metrics["parallel_ratio"] == 7 / 12  # the valid parallel ones: the sequential answer is kept, not parallel
+    # kept rewards per group: [1.5, 0.5, 1.5] and [0.5, 1.5, 1.5]: mean 7/6, centred 1/3 for each 1.5
+    # and -2/3 for the 0.5, std sqrt((1/9 + 4/9 + 1/9) / 3) = sqrt(2/9) -> 0.7071 and -1.4142; [1.5, 1.5] -> 0
     rewards = torch.tensor([1.5, 0.5, 1.5, 1.5, 1.5, 1.5, 1.5, -0.5, -1.5, 0.5, 1.5, 1.5])
-    kept = torch.tensor([True, True, False, False, True, True, False, False, False, True, True, True])
+    kept = torch.tensor([True, True, True, False, True, True, False, False, False, True, True, True])
     keep = kept.nonzero().flatten().tolist()
     advantages = group_advantages(rewards, 4, "zscore", kept)[keep]
-    assert advantages.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0, -(2 / 3) / (2 / 9) ** 0.5,
-                                                 (1 / 3) / (2 / 9) ** 0.5, (1 / 3) / (2 / 9) ** 0.5], abs=1e-5)
+    up, down = (1 / 3) / (2 / 9) ** 0.5, -(2 / 3) / (2 / 9) ** 0.5
+    assert advantages.tolist() == pytest.approx([up, down, up, 0.0, 0.0, down, up, up], abs=1e-5)
     by_hand = grpo_update(twin, make_optimizer(twin, lr=1e-3)[0], [scripted[i] for i in keep], advantages,
                           policy, settings, tokenizer.pad_token_id)
     assert metrics["loss"] == by_hand["loss"] and metrics["grad_norm"] > 0

@@ -5,6 +5,7 @@ import pytest
 from conftest import PARALLEL_CASES, one_line
 from nanopar import NanoparError, rewards
 from nanopar.data import Problem
+from nanopar.format import check_well_formed
 from nanopar.grading import Grade, grade
 from nanopar.rewards import (
     Alternating,
@@ -17,7 +18,7 @@ from nanopar.rewards import (
     schedule_from_string,
     score,
 )
-from nanopar.tags import TagIds, find_tags
+from nanopar.tags import NPR, TagIds, find_tags
 from nanopar.trace import parse_ids, parse_trace
 
 # ----------------------------------------------------------------------------- rewards on traces
@@ -84,7 +85,7 @@ def test_score_weights_components_and_grades_once(monkeypatch):
         "accuracy_parallel_bonus": 1.2, "accuracy_times_parallel": 1.0, "npr_format": 1.0,
     }
     assert result.total == pytest.approx(1 + 0.2 + 0.5 + 1.2 + 2 + 1)
-    assert result.grade == Grade(True, "12", None) and result.format_ok
+    assert result.grade == Grade(True, "12", None) and result.layout_ok
     format_only = score("format", text, parse_trace(text), WRONG)  # still graded, for logging
     assert len(calls) == 2 and format_only.total == 1.0 and format_only.grade.correct is False
     assert rewards.graded(text, RIGHT).correct and len(calls) == 3  # outside score: no cache
@@ -105,8 +106,8 @@ def test_rewards_read_token_id_traces():
 
 # every reward that means "a valid parallel trace" agrees with format.check_parallel; gold 4
 NPR_FORMAT = {
-    "clean": 1.0,  # correct and a valid parallel trace
-    "sequential": 0.0,  # correct, no tag: below a correct parallel answer, above a wrong one
+    "clean": 1.0,  # correct and in the format (format.check_structured)
+    "sequential": 0.0,  # correct, no tag: below a correct answer in the format, above a wrong one
     "path after the summary": -1.25,  # two stray tags: -1, then 0.25 less
     "nested path": -1.25,  # two stray tags
     "truncated block": -1.25,  # an invalid block, and truncated
@@ -114,8 +115,11 @@ NPR_FORMAT = {
 }
 
 
+LAID_OUT = {"clean", "sequential"}  # what PAPO keeps: no stray tag, no broken block, not cut inside one
+
+
 @pytest.mark.parametrize("name", sorted(PARALLEL_CASES))
-def test_parallel_rewards_and_papo_use_the_one_validity_predicate(name):
+def test_parallel_rewards_use_the_one_validity_predicate_and_papo_keeps_what_can_be_laid_out(name):
     text, valid, _ = PARALLEL_CASES[name]
     problem = Problem("p", "what is 2+2?", "4")
     spec = "parallel:1,accuracy_parallel_bonus:1,accuracy_times_parallel:1,npr_format:1"
@@ -127,7 +131,33 @@ def test_parallel_rewards_and_papo_use_the_one_validity_predicate(name):
         "accuracy_times_parallel": 1.0 if valid else 0.0,
         "npr_format": NPR_FORMAT[name],
     }
-    assert result.format_ok == valid == rewards.uses_parallel(text, parse_trace(text))  # what PAPO keeps
+    assert valid == rewards.uses_parallel(text, parse_trace(text))
+    assert result.layout_ok == (name in LAID_OUT) == check_well_formed(parse_trace(text)).ok  # what PAPO keeps
+
+
+# NPR's rounds, gold 4: (response, npr_format, PAPO keeps it?). NPR's format check (its released
+# compute_format_score >= 0) passes a round of one plan; a tagless answer fails it (-1.5 there)
+ROUND = "<guideline><plan>1:add</plan>{more}</guideline><step>1:2+2=4</step>{steps}<takeaway>4</takeaway>\n"
+NPR_ROUNDS = {
+    "two plans": (ROUND.format(more="<plan>2:double</plan>", steps="<step>2:2*2=4</step>") + "Final Answer: 4", 1.0, True),
+    "one plan": (ROUND.format(more="", steps="") + "Final Answer: 4", 1.0, True),
+    "one plan, wrong": (ROUND.format(more="", steps="") + "Final Answer: 5", -1.0, True),
+    "no tag": ("2+2=4\nFinal Answer: 4", 0.0, True),
+    "no label": (ROUND.format(more="", steps="").replace("1:2+2", "2+2") + "Final Answer: 4", 0.0, True),
+    "text between tags": (ROUND.format(more="", steps="").replace("</step>", "</step>so") + "Final Answer: 4", 0.0, True),
+    "steps miss a plan": (ROUND.format(more="<plan>2:double</plan>", steps="") + "Final Answer: 4", -1.0, False),
+    "cut in a step": ("<guideline><plan>1:add</plan></guideline><step>1:2+2", -1.25, False),  # open round, truncated
+}
+
+
+@pytest.mark.parametrize("name", sorted(NPR_ROUNDS))
+def test_npr_format_pays_a_correct_answer_in_npr_format_one_plan_or_more(name):
+    """A correct answer in rounds of one plan scores as one in parallel rounds (NPR's format check
+    accepts it); a correct one outside the format (no tag, a text rule broken) 0; PAPO keeps every
+    response the layout can lay out, sequential ones too."""
+    text, value, laid_out = NPR_ROUNDS[name]
+    result = score("npr_format", text, parse_trace(text, NPR), Problem("p", "what is 2+2?", "4"))
+    assert (result.total, result.layout_ok) == (value, laid_out)
 
 
 def test_npr_format_ranks_correct_parallel_over_correct_sequential_over_wrong():
