@@ -21,7 +21,7 @@ named helpers: it forks at </guideline>, one branch per plan (`branch_count`), a
 <step> and its label "k:" (`path_opening`), the merge feeds <takeaway> (`merge_tags`), and the
 plans are capped (`plan_bans`). Causal mode (Seen) is plain decoding: the model writes every tag
 itself, later paths see earlier ones as training reads them. Inserted tokens are marked not
-sampled: never trained on. Not here: prompts (prompts.py), rewards, gradients.
+sampled: never trained on (NPR's code trains them). Not here: prompts (prompts.py), rewards, gradients.
 """
 
 from __future__ import annotations
@@ -378,7 +378,9 @@ class _Decoder:
         return response.plans if self.schema.planned else self.settings.paths
 
     def path_opening(self, k: int) -> list[int]:
-        """What branch k is forced to write first: <Path>; NPR: <step> and its label "k+1:"."""
+        """What branch k is forced to write first: <Path>; NPR: <step> and its label "k+1:".
+        Simpler than NPR's engine, which opens a branch with a newline, <step>, a newline and the
+        number its plan wrote ("1.2:" too)."""
         return [self.tags.path_open, *(self.tags.labels[k] if self.tags.labels else ())]
 
     def merge_tags(self) -> list[int]:

@@ -228,7 +228,7 @@ def test_the_training_forward_reproduces_every_sampled_logprob(npr_rollouts):
     name, model, policy, settings, rollouts = npr_rollouts
     worst, sampled = trainer_gap(model, policy, rollouts)
     print(f"consistency {name}: {worst:.2e}")
-    assert worst <= 1e-4, worst
+    assert worst <= 1e-5, worst  # float32 rounding; the measured gap: docs/sampling-and-eval.md
     # the premise: the sampled set holds what NPR's engine must get right. Measured (72 rollouts,
     # shared / strided / causal): two rounds 38/30/22, two rounds with steps 23/13/7, a round of one
     # plan 25/26/26, of several 37/25/22, the budget spent in a guideline 29/34/22, in a step 11/5/22

@@ -83,7 +83,7 @@ def test_structured_training_forward_reproduces_every_sampled_logprob(structured
     for rollout in rollouts:
         expected = reread(model, rollout, "structured", path_stride=policy.path_stride)
         sampled = torch.tensor(rollout.sampled)
-        assert (torch.tensor(rollout.logprobs) - expected)[sampled].abs().max() <= 1e-4
+        assert (torch.tensor(rollout.logprobs) - expected)[sampled].abs().max() <= 1e-5
     assert sum(r.stats.forks for r in rollouts) >= 6 and any(b.valid for r in rollouts for b in r.trace.blocks)
     assert any(len(r.trace.blocks) >= 2 for r in rollouts)  # a merged cache decoded a second block
 
@@ -108,7 +108,7 @@ def test_causal_training_forward_reproduces_every_sampled_logprob(causal_rollout
     model, rollouts = causal_rollouts
     rollouts = [r for _, r in rollouts]
     worst, _ = trainer_gap(model, Policy(TAGS, "causal"), rollouts)
-    assert worst <= 1e-4, worst
+    assert worst <= 1e-5, worst  # float32 rounding; the measured gap: docs/sampling-and-eval.md
     paths = [len(b.paths) for r in rollouts for b in r.trace.blocks]
     # the premise: the model chose blocks of several paths (measured: 25 of 2, 19 of 3 or more)
     assert sum(n == 2 for n in paths) >= 10 and sum(n >= 3 for n in paths) >= 10
