@@ -7,13 +7,16 @@
   - advantage = (r - group mean) / (group std + eps) ("zscore"), r - group mean ("mean"), or
     (r - group mean) / (std of the batch's rewards + eps) ("batch": PAPO's batch-level
     normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0;
-  - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded),
-    summed and divided by the number of sampled tokens in the whole rollout batch, before it is
-    cut into micro-batches, so a long response weighs as much per token as a short one;
+  - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded:
+    the policy never drew them; NPR's code trains the inserted ones too), summed and divided by
+    the number of sampled tokens in the whole rollout batch, before it is cut into
+    micro-batches, so a long response weighs as much per token as a short one;
   - on-policy by default: one update per batch, so the ratio pi/pi_old is exactly 1 and the
     loss is plain -A * log pi (its gradient is the policy gradient): pi_old is the training
     read itself, detached, not a second forward; with `updates > 1` the PPO-style clipped ratio
     applies (pi_old = the policy before the first update, read once);
+  - not DAPO, for NPR's format RL too (its code's stage 1 is DAPO): no clip-higher, and an
+    all-equal group is not replaced by fresh samples (no dynamic sampling);
   - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
     exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
     (after SFT: the SFT adapter, not the base model; see `Reference`);
