@@ -77,8 +77,8 @@ class RunInputs:
             raise NanoparError(f"{stage.name}: none of the {len(records)} traces in {stage.traces} is a valid parallel "
                                f"trace in the {self.schema.name} schema (the first: {failed[0]}){hint}")
         if failed:
-            return (f"{stage.name}: {len(failed)} of {len(records)} traces are not valid parallel traces "
-                    f"in the {self.schema.name} schema")
+            return (f"{stage.name}: {len(records) - len(failed)} of {len(records)} traces are valid parallel traces "
+                    f"in the {self.schema.name} schema; the other {len(failed)} train as they are written")
         return None
 
     def sft_examples(self, stage: Stage, tokenizer) -> list[tuple[list[int], list[int]]]:

@@ -246,9 +246,9 @@ class Runner:
             if stage.kind in ("grpo", "distill"):
                 self.inputs.problems(stage.data)
             if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
-                note = self.inputs.check_traces(stage)  # how many are not parallel where they must be
+                note = self.inputs.check_traces(stage)  # how many are parallel where they should be
                 if note:
-                    self.console.print(note)
+                    self.console.print(note, markup=False, highlight=False, soft_wrap=True)
         for spec in self.inputs.eval_sets() if self.config.eval_problems else []:
             self.inputs.eval_problems(spec)
 

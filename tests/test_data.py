@@ -226,11 +226,12 @@ def test_the_cold_start_traces_of_a_run_are_judged_in_its_schema(schema, other, 
                                f"(--schema {other.name})")
     mixed = write_jsonl(tmp_path / "mixed.jsonl", sequential[:4] + parallel[:7] + theirs[:2])
     stages, inputs = stages_and_inputs("parallel-r1", str(mixed))
-    assert inputs.check_traces(stages["sft"]) == (f"sft: 6 of 13 traces are not valid parallel traces in the "
-                                                  f"{schema.name} schema")
+    assert inputs.check_traces(stages["sft"]) == (f"sft: 7 of 13 traces are valid parallel traces in the "
+                                                  f"{schema.name} schema; the other 6 train as they are written")
     stages, inputs = stages_and_inputs("parallel-r1", "toy:parallel")
-    assert inputs.check_traces(stages["sft"]) == (f"sft: {len(sequential)} of {len(mine)} traces are not valid "
-                                                  f"parallel traces in the {schema.name} schema")
+    assert inputs.check_traces(stages["sft"]) == (f"sft: {len(mine) - len(sequential)} of {len(mine)} traces are "
+                                                  f"valid parallel traces in the {schema.name} schema; the other "
+                                                  f"{len(sequential)} train as they are written")
     stages, inputs = stages_and_inputs("npr", "")
     assert stages["pretrain"].traces == "toy:instruct" and inputs.check_traces(stages["pretrain"]) is None  # mostly sequential
 

@@ -594,6 +594,6 @@ def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(
     out = train.main(["--out", str(tmp_path / "mixed"), *SMALL, "--stages", "pretrain,sft", "--eval-problems", "0",
                       "--sft-data", str(tmp_path / "mixed.jsonl")])
     printed = capsys.readouterr().out
-    assert "sft: 3 of 12 traces are not valid parallel traces in the parallel-r1 schema" in printed
-    assert printed.count("not valid parallel traces") == 1  # pretraining's 4,000 sequential traces: not judged
+    assert "sft: 9 of 12 traces are valid parallel traces in the parallel-r1 schema; the other 3 train as" in printed
+    assert printed.count("valid parallel traces") == 1  # pretraining's 4,000 sequential traces: not judged
     assert (out / "2-sft" / "final").is_dir()
