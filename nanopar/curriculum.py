@@ -33,7 +33,8 @@ class Stage:
     reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2")
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
-    drop_invalid: bool = False  # grpo: drop rollouts that are not valid parallel traces before the advantages (PAPO)
+    keep: str = "parallel"  # distill: the traces kept (distill.KEEP): "parallel" (Parallel-R1's filter) or "structured" (NPR's)
+    drop_invalid: bool = False  # grpo: drop rollouts the layout cannot lay out (malformed, cut off) before the advantages (PAPO)
     advantage: str = "zscore"  # grpo: "zscore", "mean" or "batch" (PAPO)
     instructions: str = "none"  # the prompt before each question: "parallel", "plain", "none"
     mode: str = "structured"  # attention when sampling and training: "structured" or "causal"
@@ -145,7 +146,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
         # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stages 1-2, hard in 3 (NPR: all ORZ)
         stages = base + [
             npr("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr, mode="causal"),
-            npr("rejection", "distill", c.easy_data, tries=c.distill_tries, mode="causal"),
+            npr("rejection", "distill", c.easy_data, tries=c.distill_tries, mode="causal", keep="structured"),
             # NPR fine-tunes the original (instruct) model on the format-RL model's kept traces:
             # format RL only writes data (its code's sft_math.sh starts from the instruct base)
             npr("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured",

@@ -146,11 +146,10 @@ class Runner:
     def distill(self, stage: Stage) -> None:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
         strong model) or its input model (NPR's rejection: self-distillation); keep one correct trace
-        per problem that passes the recipe's filter (Parallel-R1: a valid parallel trace; NPR: its
-        format, a round of one plan too)."""
+        per problem that passes the stage's filter (`stage.keep`: Parallel-R1's a valid parallel
+        trace; NPR's its format, a round of one plan too)."""
         model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage), stage.mode)
         problems = self.inputs.problems(stage.data)[: self.config.distill_problems or None]
-        keep = "structured" if self.config.recipe == "npr" else "parallel"  # NPR's rejection: its format score >= 0
         with progress(self.console) as bar:
             task = bar.add_task(stage.name, total=len(problems))
             kept = keep_traces(model, tokenizer, policy, problems, lambda p: self.inputs.prompt(p, tokenizer, stage),
@@ -158,7 +157,7 @@ class Runner:
                                stop_ids(model, tokenizer), stage.tries, max(1, self.config.prompts_per_step),
                                done=lambda seen, n: bar.update(task, completed=seen,
                                                                description=f"{stage.name} kept {n}"),
-                               keep=keep)
+                               keep=stage.keep)
         fraction = len(kept) / len(problems)
         self.log.write({"stage": stage.name, "event": "distill", "problems": len(problems), "kept": len(kept),
                         "kept_fraction": fraction})
@@ -167,7 +166,7 @@ class Runner:
             fix = ("give ready traces with --sft-data" if self.config.recipe == "parallel-r1" else
                    "NPR distils its own traces: raise --distill-tries or --rl-easy-steps (format RL), or run "
                    "--recipe parallel-r1, whose cold start reads --sft-data")
-            raise NanoparError(f"{stage.name}: no {KEEP[keep]} in {len(problems)} problems; "
+            raise NanoparError(f"{stage.name}: no {KEEP[stage.keep]} in {len(problems)} problems; "
                                f"the model cannot write them yet: {fix}")
         write_jsonl(self.folder(stage) / "traces.jsonl", kept)
 

@@ -17,6 +17,7 @@ def test_npr_fine_tunes_the_base_on_the_format_rl_models_traces(tmp_path):
     _, by_name, stages = stages_of(["--recipe", "npr"])
     assert starting_stage(stages, by_name["sft"]) is by_name["pretrain"]
     assert starting_stage(stages, by_name["rejection"]) is by_name["format-rl"]  # the data comes from stage 1
+    assert by_name["rejection"].keep == "structured"  # NPR's filter: its format, a round of one plan too
     assert by_name["sft"].traces == "rejection" and starting_stage(stages, by_name["parallel-rl"]) is by_name["sft"]
     (tmp_path / "config.json").write_text("{}")  # a real model: no pretraining, the SFT starts from --model
     _, by_name, stages = stages_of(["--recipe", "npr", "--model", str(tmp_path)])
@@ -28,6 +29,7 @@ def test_the_teacher_and_the_baseline_decode_plainly():
     accuracy-only baseline is plain GRPO: both causal, whatever --mode the run's parallel stages use."""
     _, by_name, _ = stages_of(["--sft-data", "", "--baseline", "--mode", "structured"])
     assert by_name["cold-start-data"].mode == "causal" and by_name["cold-start-data"].instructions == "parallel"
+    assert by_name["cold-start-data"].keep == "parallel"  # Parallel-R1's filter: correct and a valid parallel trace
     assert by_name["baseline-rl-easy"].mode == by_name["baseline-rl-hard"].mode == "causal"
     assert by_name["sft"].mode == by_name["rl-easy"].mode == by_name["rl-hard"].mode == "structured"
 
