@@ -390,15 +390,16 @@ def test_auto_eval_data_for_toy_shipped_and_explicit_sets(tmp_path):
 def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode(tmp_path, monkeypatch):
     """The recipes set prompts and modes as the papers do, whatever the global flags say: the
     cold-start data is generated with the parallel instructions (the toy words them "in
-    parallel"), the accuracy-only baseline gets the plain prompt even under --instructions
-    parallel, NPR samples causally until its parallel SFT; config.json keeps the resolved values."""
+    parallel") by plain generation, the accuracy-only baseline gets the plain prompt even under
+    --instructions parallel and decodes causally, NPR samples causally until its parallel SFT;
+    config.json keeps the resolved values."""
     seen = half_right_sampler(monkeypatch)
     train.main(["--out", str(tmp_path / "r1"), "--sft-data", "", "--pretrain-data", "", "--stages", "cold-start-data",
                 "--eval-problems", "0"])
     assert seen and all(prompt.startswith("in parallel\n\nnumbers") for prompt, _ in seen)
     stages = json.loads((tmp_path / "r1" / "config.json").read_text())["resolved_stages"]
     assert {s["name"]: (s["instructions"], s["mode"]) for s in stages} == {
-        "cold-start-data": ("parallel", "structured"), "sft": ("none", "structured"),
+        "cold-start-data": ("parallel", "causal"), "sft": ("none", "structured"),  # the teacher: plain generation
         "rl-easy": ("none", "structured"), "rl-hard": ("none", "structured")}
 
     def resolved(*flags):
