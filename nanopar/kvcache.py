@@ -71,11 +71,14 @@ class LaneCache:
         """New rows: the rows `keep` (in that order, repeats allowed = duplication), then `extra`.
         Rows not kept are freed; shared left padding is trimmed."""
         self.lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
-        index, width = torch.tensor(keep, dtype=torch.long, device=self.device), max(self.lens, default=0)
-        for i, layer in enumerate(self.cache.layers):
-            layer.keys = rebuilt_rows(layer.keys, index, [piece[i][0] for piece in extra], width)
-            layer.values = rebuilt_rows(layer.values, index, [piece[i][1] for piece in extra], width)
         self._mask = None
+        self._rebuild_layers(torch.tensor(keep, dtype=torch.long, device=self.device), extra, max(self.lens, default=0))
+
+    def _rebuild_layers(self, keep: torch.Tensor, extra: list[Piece], width: int) -> None:
+        """Every layer's keys and values rebuilt now (`rebuilt_rows`)."""
+        for i, layer in enumerate(self.cache.layers):
+            layer.keys = rebuilt_rows(layer.keys, keep, [piece[i][0] for piece in extra], width)
+            layer.values = rebuilt_rows(layer.values, keep, [piece[i][1] for piece in extra], width)
 
     def piece(self, row: int, start: int, end: int) -> Piece:
         """A copy of tokens [start, end) of a lane (0 = its first real token), every layer."""
@@ -142,21 +145,16 @@ class LazyLaneCache(LaneCache):
     def width(self) -> int:
         return self.plan.width if self.plan is not None else super().width
 
-    def rebuild(self, keep: list[int], extra: list[Piece]) -> None:
-        """As `LaneCache.rebuild`, done by the next forward's append (`settle` does it now)."""
+    def _rebuild_layers(self, keep: torch.Tensor, extra: list[Piece], width: int) -> None:
+        """Recorded for the next forward's append to build (`rebuild` is `LaneCache`'s)."""
         self.settle()
-        self.lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
-        keep = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.plan = _Plan(keep, extra, max(self.lens, default=0))
-        self._mask = None
+        self.plan = _Plan(keep, extra, width)
 
     def settle(self) -> None:
         """Apply a pending rebuild now, without a forward."""
         if self.plan is not None:
             plan, self.plan = self.plan, None
-            for i, layer in enumerate(self.cache.layers):
-                layer.keys = rebuilt_rows(layer.keys, plan.keep, [piece[i][0] for piece in plan.extra], plan.width)
-                layer.values = rebuilt_rows(layer.values, plan.keep, [piece[i][1] for piece in plan.extra], plan.width)
+            super()._rebuild_layers(plan.keep, plan.extra, plan.width)
 
     def piece(self, row: int, start: int, end: int) -> Piece:
         self.settle()
