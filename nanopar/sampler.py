@@ -116,7 +116,7 @@ class _Block:
 
     start: int  # rotary position of the first path's <Path> (path k: layout.path_start)
     paths: list[_Tokens]
-    pieces: list[Piece | None] = field(default_factory=list)  # per path: its cache piece, None while open
+    pieces: list[Piece | None] = field(init=False)  # per path: its cache piece, None while open
 
     def __post_init__(self):
         self.pieces = [None] * len(self.paths)
