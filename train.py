@@ -46,13 +46,13 @@ def summary(runner: Runner, stages) -> Table:
     c = runner.config
     return stage_table(f"{runner.out}: held-out results after each stage (first {c.eval_problems} problems of each "
                        f"set, {c.eval_samples} samples at T = {c.temperature:g})",
-                       [(stage.name, stage_result(runner, stage)) for stage in stages])
+                       [(f"{stage.name} (shipped)" if stage.shipped else stage.name, stage_result(runner, stage))
+                        for stage in stages])
 
 
 PRESETS = {  # name -> the TrainConfig fields it changes
     # all 560 held-out problems: an easy cell near 50% needs them for a standard error <= 1.5 points
-    "long": {"out": "runs/long", "pretrain_steps": 2000, "sft_steps": 400, "rl_easy_steps": 60, "rl_hard_steps": 60,
-             "eval_problems": 560},
+    "long": {"out": "runs/long", "sft_steps": 400, "rl_easy_steps": 60, "rl_hard_steps": 60, "eval_problems": 560},
 }
 
 

@@ -42,6 +42,7 @@ class Stage:
     start: str | None = None  # the stage whose final/ it starts from; None = the previous training stage,
     #                           "" = the configured --model
     teacher: str = ""  # distill: the model that writes the traces; "" = the stage's input model
+    shipped: str = ""  # a folder holding this stage's result, copied into final/ instead of training (the toy's bases)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class TrainConfig(ScriptConfig):
     head_read: str = "auto"  # training read of the LM head: "plain" (log_softmax of the full logits), "chunked" (head.py), "auto" (chunked from a large vocabulary)
     # the data
     pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct), "" = none
+    pretrained_base: str = "auto"  # the pretrain stage's model, copied instead of trained: "auto" = the one the toy ships for the recipe (nanopar/toy/bases/) unless a --pretrain-* flag is given, "" = pretrain here, or a folder
     easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
     hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
     sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distilled by --teacher or the model
@@ -78,7 +80,7 @@ class TrainConfig(ScriptConfig):
     answer_field: str = ""  # field of the gold answer ("" = answer)
     limit: int = 0  # use only the first N problems of each data set (0 = all)
     # stage lengths, learning rates and rewards
-    pretrain_steps: int = 600  # pretraining SFT steps (only with --pretrain-data)
+    pretrain_steps: int = 2000  # pretraining SFT steps (only with --pretrain-data; the shipped bases were made with these defaults)
     pretrain_lr: float = 2e-3  # pretraining learning rate (from scratch)
     sft_steps: int = 150  # cold-start SFT steps
     sft_lr: float = 1e-3  # cold-start SFT learning rate
@@ -123,13 +125,13 @@ def recipe(config: TrainConfig) -> list[Stage]:
     for flag, value in (("--lr", c.lr), ("--sft-lr", c.sft_lr), ("--pretrain-lr", c.pretrain_lr)):
         if not value > 0:
             raise NanoparError(f"{flag} must be > 0, not {value:g}")
-    if "auto" in (c.pretrain_data, c.eval_data) or not c.schema or not c.distill_tries:
+    if "auto" in (c.pretrain_data, c.pretrained_base, c.eval_data) or not c.schema or not c.distill_tries:
         raise NanoparError("recipe() needs a resolved config: call defaults.resolve(config, argv) first")
     # what the recipe leaves open, the flags decide
     stage = partial(Stage, instructions=c.instructions, mode=c.mode, advantage=c.advantage)
     # a base (or instruct) model is an ordinary causal LM: its parallel traces, if any, read causally
     base = [stage("pretrain", "sft", "", steps=c.pretrain_steps, traces=c.pretrain_data, lr=c.pretrain_lr,
-                  mode="causal")] if c.pretrain_data else []
+                  mode="causal", shipped=c.pretrained_base)] if c.pretrain_data else []
     if c.recipe == "parallel-r1":
         # the teacher writes zero-shot with plain generation, tags and all (causal), prompted to write them
         cold_start = [] if c.sft_data else [stage("cold-start-data", "distill", c.easy_data, tries=c.distill_tries,

@@ -55,6 +55,7 @@ class Source:
     model_names: tuple[str, ...] = ()  # the names `model` builds ("toy:model"), listed in errors
     instructions: dict[str, str] | None = None  # its own text for an instruction name ("parallel" -> ...)
     bases: dict[str, str] | None = None  # recipe -> the traces its base model is pretrained on (--pretrain-data auto)
+    shipped_bases: dict[str, str] | None = None  # recipe -> a folder holding that base, pretrained (--pretrained-base auto)
     heldout_sets: dict[str, str] | None = None  # training set -> its held-out set ("toy:easy" -> "toy:easy:heldout")
 
 

@@ -7,7 +7,7 @@ The dataclass defaults are the toy world's (a laptop runs the whole curriculum i
     2. a real model's defaults, when --model is not built from code (a hub id, a folder, a
        `.gguf` file, a checkpoint of one): REAL_SAMPLING for every script, REAL_TRAINING for
        train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, lower learning rates)
-    3. the placeholders: "auto" pretraining traces and evaluation sets, "" schema, 0 distil tries;
+    3. the placeholders: "auto" pretraining traces, shipped base and evaluation sets, "" schema, 0 distil tries;
        eval.py and sample.py take a checkpoint's schema, attention mode and path stride
     4. the schema's: NPR's plan cap (--paths) is its engine's, 5, not Parallel-R1's K
 
@@ -17,6 +17,7 @@ and returns what it changed, which the scripts print and save. Not here: the fla
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -93,11 +94,30 @@ def _resolve_training_placeholders(config, put) -> None:
         raise NanoparError(f"unknown recipe {config.recipe!r}: use one of {', '.join(RECIPE_SCHEMAS)}")
     put("schema", config.schema or RECIPE_SCHEMAS[config.recipe])
     put("distill_tries", config.distill_tries or DISTILL_TRIES[config.recipe])
+    source = source_for(config.easy_data)
+    source_base = (source.bases or {}).get(config.recipe, "") if source is not None else ""
     if config.pretrain_data == "auto":  # a world that builds its own base model says on which traces, per recipe
-        source = source_for(config.easy_data)
-        put("pretrain_data", (source.bases or {}).get(config.recipe, "") if source is not None else "")
+        put("pretrain_data", source_base)
+    if config.pretrained_base == "auto":
+        put("pretrained_base", shipped_base(config, source, source_base))
     if config.eval_data == "auto":
         put("eval_data", ",".join(auto_eval_sets(config)))
+
+
+PRETRAINING = ("pretrain_steps", "pretrain_lr")  # the fields besides its traces that change the base a pretrain stage makes
+
+
+def shipped_base(config, source, source_base: str) -> str:
+    """What --pretrained-base auto stands for: the folder of the base the data source ships for the
+    recipe, made by the same pretrain stage at train.py's defaults, when this run would pretrain
+    exactly that (the source's traces, in the recipe's own tags, the default --pretrain-steps and
+    --pretrain-lr); else "" (pretrain here). The run's seed is not part of it: like a real
+    model's, the base is given."""
+    folder = (source.shipped_bases or {}).get(config.recipe, "") if source is not None else ""
+    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name in PRETRAINING}
+    same_pretraining = (config.pretrain_data == source_base and config.schema == RECIPE_SCHEMAS[config.recipe]
+                        and all(getattr(config, name) == value for name, value in defaults.items()))
+    return folder if folder and same_pretraining else ""
 
 
 def auto_eval_sets(config) -> list[str]:

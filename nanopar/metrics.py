@@ -145,7 +145,8 @@ def plot_metrics(jsonl: str | Path, png: str | Path) -> Path:
         ax.set_title(key.replace("_", " "))
         ax.set_xlabel("RL step (stages in sequence)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    if stages:  # a run of SFT stages alone has no RL step to plot
+        axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

@@ -19,7 +19,9 @@ evaluation (heldout.py), the final table (show.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -133,6 +135,8 @@ class Runner:
                 except KeyboardInterrupt:  # traces.jsonl is written only when the stage ends: nothing half-made
                     raise SystemExit(f"interrupted: {stage.name} kept nothing yet; the same command starts it "
                                      "again") from None
+            elif stage.shipped:
+                self.copy_shipped(stage)
             else:
                 self.train(stage)
             self.log.write({"stage": stage.name, "event": "done", "seconds": time.perf_counter() - started})
@@ -142,6 +146,18 @@ class Runner:
             except KeyboardInterrupt:  # the stage's model is saved; its evaluation is redone on the next run
                 raise SystemExit(f"interrupted during the evaluation of {stage.name}: its model is saved in "
                                  f"{self.folder(stage) / 'final'}; the same command evaluates it again") from None
+
+    def copy_shipped(self, stage: Stage) -> None:
+        """A stage whose result ships with nanopar (the toy's pretrained bases): its folder becomes
+        the stage's final/, copied whole under a temporary name first (as a checkpoint is)."""
+        final = self.folder(stage) / "final"
+        temporary = final.with_name(".final.incomplete")
+        shutil.rmtree(temporary, ignore_errors=True)
+        shutil.copytree(stage.shipped, temporary)
+        os.replace(temporary, final)
+        self.log.write({"stage": stage.name, "event": "shipped", "from": stage.shipped})
+        self.console.print(f"{stage.name}: the shipped base {stage.shipped} (not trained here: "
+                           "--pretrained-base '' pretrains it)", highlight=False)
 
     def distill(self, stage: Stage) -> None:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
@@ -242,6 +258,9 @@ class Runner:
             if stage.kind == "grpo":
                 schedule_from_string(stage.reward)
         for stage in chosen:
+            if stage.shipped and not (Path(stage.shipped) / "config.json").is_file():
+                raise NanoparError(f"--pretrained-base {stage.shipped}: not a model folder (no config.json); "
+                                   "give a stage's final/ folder, or '' to pretrain here")
             if stage.kind in ("grpo", "distill"):
                 self.inputs.problems(stage.data)
             if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:

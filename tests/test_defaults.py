@@ -9,6 +9,7 @@ from nanopar.config import parse_config
 from nanopar.curriculum import recipe
 from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, built_from_code, resolve
 from nanopar.sampler import SamplerSettings
+from nanopar.toy.source import SHIPPED_BASES
 
 
 def resolved(argv):
@@ -50,15 +51,17 @@ def test_the_three_scripts_share_their_sampling_defaults(tmp_path):
 def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_what_it_changed(tmp_path):
     config, changed = train.resolved_config([])
     assert changed == {"schema": "parallel-r1", "distill_tries": 1, "pretrain_data": "toy:sequential",
+                       "pretrained_base": SHIPPED_BASES["parallel-r1"],
                        "eval_data": "toy:easy:heldout,toy:hard:heldout"}  # the toy's placeholders, nothing else
     config, changed = train.resolved_config(["--preset", "long", "--sft-steps", "7", "--recipe", "npr"])
-    assert (config.pretrain_steps, config.sft_steps, config.eval_problems) == (2000, 7, 560)  # a flag beats the preset
+    assert (config.sft_steps, config.eval_problems) == (7, 560)  # a flag beats the preset
     assert changed["pretrain_data"] == "toy:instruct" and changed["distill_tries"] == 8 and changed["schema"] == "npr"
-    assert "sft_steps" not in changed
+    assert changed["pretrained_base"] == SHIPPED_BASES["npr"] and "sft_steps" not in changed
     (tmp_path / "config.json").write_text("{}")  # a real model: its defaults, then the placeholders they leave
     config, changed = train.resolved_config(["--model", str(tmp_path), "--lr", "2e-5"])
     assert config.lr == 2e-5 and "lr" not in changed
     assert changed["pretrain_data"] == "" and config.pretrain_data == ""  # a real model's "" is not the toy's base
+    assert changed["pretrained_base"] == "" and recipe(config)[0].name == "cold-start-data"  # nothing to copy
     assert config.eval_data == "gsm8k,dapo[-150:]" and changed["eval_data"] == config.eval_data
     written = parse_config(train.TrainConfig, ["--model", str(tmp_path)])
     assert resolve(written, ["--model", str(tmp_path)]) == changed | {"lr": 1e-5}  # the same road, whoever calls it
@@ -76,3 +79,20 @@ def train_help() -> str:
         except SystemExit:
             pass
     return out.getvalue()
+
+
+def test_the_shipped_base_stands_in_for_exactly_the_pretraining_that_made_it():
+    """--pretrained-base auto copies the toy's shipped base only where this run would pretrain the
+    same thing (its traces in the recipe's tags, the default steps and learning rate); any other
+    pretraining is done here, and the resolved config says which."""
+    def base(argv):
+        config = resolved(argv)
+        return config.pretrained_base, recipe(config)[0].shipped
+    assert base([]) == (SHIPPED_BASES["parallel-r1"],) * 2
+    assert base(["--recipe", "npr"]) == (SHIPPED_BASES["npr"],) * 2
+    assert base(["--seed", "3", "--sft-steps", "5"]) == (SHIPPED_BASES["parallel-r1"],) * 2  # a given base, like a real model
+    assert base(["--pretrain-data", "toy:sequential"]) == (SHIPPED_BASES["parallel-r1"],) * 2  # what auto says anyway
+    for other in (["--pretrain-steps", "300"], ["--pretrain-lr", "1e-3"], ["--pretrain-data", "toy:instruct"],
+                  ["--recipe", "npr", "--schema", "parallel-r1"], ["--pretrained-base", ""]):
+        assert base(other) == ("", ""), other  # pretrained here: the shipped one was not made this way
+    assert base(["--pretrained-base", "runs/x/1-pretrain/final"]) == ("runs/x/1-pretrain/final",) * 2

@@ -281,10 +281,32 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
 def test_a_preset_sets_its_fields_but_explicit_flags_win():
     argv = ["--preset", "long", "--sft-steps", "7"]
     config = train.resolved_config(argv)[0]
-    assert (config.out, config.pretrain_steps, config.sft_steps) == ("runs/long", 2000, 7)
+    assert (config.out, config.sft_steps) == ("runs/long", 7)
     # the long preset evaluates on every problem of the toy's held-out sets, none fewer
     assert config.eval_problems == len(toy.heldout("easy")) == len(toy.heldout("hard")) == 560
-    assert train.resolved_config([])[0].pretrain_steps == 600
+    assert config.pretrained_base == train.resolved_config([])[0].pretrained_base != ""  # the same shipped base
+
+
+def test_a_shipped_base_is_copied_as_the_pretrain_stage_and_a_bad_one_is_a_one_line_error(tmp_path):
+    """--pretrained-base: the folder becomes 1-pretrain/final byte for byte, nothing is trained
+    (no step in metrics.jsonl), the next stage starts from it; a folder without a model fails
+    before any stage folder is made."""
+    base = tmp_path / "base"
+    made = train.main(["--out", str(tmp_path / "made"), *SMALL, "--stages", "pretrain"])
+    (made / "1-pretrain" / "final").rename(base)
+    run = train.main(["--out", str(tmp_path / "run"), *SMALL, "--pretrained-base", str(base),
+                      "--stages", "pretrain,sft"])
+    final = run / "1-pretrain" / "final"
+    assert sorted(p.name for p in final.iterdir()) == sorted(p.name for p in base.iterdir())
+    assert all((final / p.name).read_bytes() == p.read_bytes() for p in base.iterdir())
+    log = read_metrics(run)
+    assert [r for r in log if r.get("stage") == "pretrain" and r.get("event") == "shipped"][0]["from"] == str(base)
+    assert not [r for r in log if r.get("stage") == "pretrain" and "step" in r]
+    assert json.loads((run / "config.json").read_text())["resolved_stages"][0]["shipped"] == str(base)
+    with pytest.raises(NanoparError) as error:
+        train.main(["--out", str(tmp_path / "bad"), *SMALL, "--pretrained-base", str(tmp_path / "nothing")])
+    assert one_line(error).startswith(f"--pretrained-base {tmp_path / 'nothing'}: not a model folder")
+    assert not (tmp_path / "bad" / "1-pretrain").exists()
 
 
 def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import random
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -125,7 +126,11 @@ def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, se
     return records
 
 
+# The base of each recipe, pretrained by that recipe's own pretrain stage at train.py's defaults and
+# shipped with the package (bases/README.md: the command that rebuilds one, what it reaches)
+SHIPPED_BASES = {recipe: str(Path(__file__).parent / "bases" / recipe) for recipe in ("parallel-r1", "npr")}
+
 # the toy world as a data source (data.SOURCES["toy"]): "toy:easy" problems, "toy:parallel" traces, "toy:model"
 SOURCE = Source(problems=toy_problems, traces=teacher_traces, model=toy_model, model_names=(MODEL_NAME,),
                 instructions=INSTRUCTIONS, bases={"parallel-r1": "toy:sequential", "npr": "toy:instruct"},
-                heldout_sets={f"toy:{level}": f"toy:{level}:heldout" for level in LEVELS})
+                shipped_bases=SHIPPED_BASES, heldout_sets={f"toy:{level}": f"toy:{level}:heldout" for level in LEVELS})
