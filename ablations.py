@@ -252,6 +252,10 @@ def extra_rows(ablation: Ablation, opened: dict) -> dict[str, list[str]]:
             rows[f"{set_label(spec)}: with - without rl-easy"] = [
                 _difference(opened, arm, ablation.differences[arm], spec) if arm in ablation.differences else ""
                 for arm in arms_]
+    if ablation.paper and ablation.paper_kind == "rate":  # ours beside the paper's, with its standard error
+        for spec in opened[arms_[0]][1].inputs.eval_sets():
+            rows[f"{set_label(spec)}: parallel ratio ± SE"] = [_ratio(opened, arm, spec) for arm in arms_]
+        rows["rl-hard steps with a signal"] = [_signal_steps(opened, arm) for arm in arms_]
     if ablation.paper:
         rows[ablation.paper_row] = [
             "" if arm not in ablation.paper else _points(ablation.paper[arm] / 100)
@@ -269,6 +273,23 @@ def _difference(opened: dict, arm: str, other: str, spec: str) -> str:
     if paired is None:
         return _points(with_["accuracy"] - without["accuracy"])
     return _points(*paired)
+
+
+def _ratio(opened: dict, arm: str, spec: str) -> str:
+    """An arm's held-out parallel ratio on one set ± its standard error over problems."""
+    runner = opened[arm][1]
+    result = runner.heldout.evaluate(runner.stages[-1])[spec]
+    error = result.get("parallel_ratio_se")  # None in an eval.json written before it was kept
+    return f"{100 * result['parallel_ratio']:.1f}%" + (f" ± {100 * error:.1f}" if error is not None else "")
+
+
+def _signal_steps(opened: dict, arm: str) -> str:
+    """"n of N": the arm's last-stage GRPO steps whose rewards were not all equal in every group
+    (a step without a signal is skipped: its reward was never paid, or always)."""
+    runner = opened[arm][1]
+    name = runner.stages[-1].name
+    steps = [r for r in read_jsonl(runner.out / "metrics.jsonl") if r.get("stage") == name and "step" in r]
+    return f"{sum(not r.get('skipped_no_signal') for r in steps)} of {len(steps)}"
 
 
 def _points(difference: float, error: float | None = None) -> str:

@@ -138,6 +138,7 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
     (None for one problem); with k = 1 it is the binomial sqrt(p (1 - p) / (n - 1)).
     `per_problem` keeps each problem's accuracy ("source/id" -> correct / samples), so two
     evaluations of the same problems can be compared pair by pair (`paired_difference`).
+    `parallel_ratio_se` is the parallel ratio's standard error, problems as the unit likewise.
     `answers_found` / `answers_found_flexible` are the shares of responses in which each reading
     found an answer, `parse_failures` / `parse_failures_flexible` those it could not grade (no
     answer, or math-verify could not read it): a model that fails at the format, not at the maths,
@@ -149,9 +150,11 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         raise NanoparError("no records to summarize")
     correct: dict[tuple, list[bool]] = defaultdict(list)
     flexible: dict[tuple, list[bool]] = defaultdict(list)
+    parallel: dict[tuple, list[bool]] = defaultdict(list)
     for r in records:
         correct[(r["source"], r["id"])].append(r["correct"])
         flexible[(r["source"], r["id"])].append(r.get("flexible_correct"))
+        parallel[(r["source"], r["id"])].append(r["has_parallel"])
     both = all(r.get("flexible_correct") is not None for r in records)
     fewest = min(map(len, correct.values()))
     k = fewest if k is None else k
@@ -172,6 +175,7 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "parse_failures": statistics.fmean(r["parse_error"] is not None for r in records),
         "parse_failures_flexible": _share_set(records, "flexible_error") if both else None,
         **structure_metrics(records),
+        "parallel_ratio_se": _standard_error([sum(p) / len(p) for p in parallel.values()]),
     }
 
 

@@ -84,7 +84,8 @@ def fake_results(runner, stage, easy, hard, per_problem=None):
     folder = runner.folder(stage)
     folder.mkdir(parents=True, exist_ok=True)
     results = {sets[0]: result | {"accuracy": easy, "parallel_ratio": 0.5, "accuracy_se": 0.011},
-               sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25, "accuracy_se": hard / 10}
+               sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25, "accuracy_se": hard / 10,
+                                  "parallel_ratio_se": 0.02}
                | ({"per_problem": per_problem} if per_problem else {})}
     (folder / "eval.json").write_text(json.dumps({"how": runner.heldout.key(stage), "results": results}))
     (runner.out / "metrics.jsonl").write_text("")
@@ -100,6 +101,9 @@ def test_the_tables_show_the_paper_numbers_beside_ours(tmp_path, monkeypatch):
             "seen": 0.20, "seen-no-rl-easy": 0.15, "unseen-disjoint": 0.0}
     for name, (_, runner, _) in arms.items():
         fake_results(runner, runner.stages[-1], easy=0.5, hard=hard[name])
+    paid = [False, True, False]  # the parallel arm: its reward paid (a signal) on the 2nd of 3 steps
+    (arms["unseen-parallel"][1].out / "metrics.jsonl").write_text("".join(
+        json.dumps({"stage": "rl-hard", "step": i + 1, "skipped_no_signal": not p}) + "\n" for i, p in enumerate(paid)))
     rewards, stage1, positions = ablations.tables(arms)
 
     def cells(table, row):
@@ -111,6 +115,10 @@ def test_the_tables_show_the_paper_numbers_beside_ours(tmp_path, monkeypatch):
     assert cells(rewards, "hard: parallel ratio") == {"accuracy": "25.0%", "parallel": "25.0%",
                                                       "alternating": "25.0%"}
     assert cells(rewards, "hard: accuracy") == {"accuracy": "10.0%", "parallel": "5.0%", "alternating": "8.0%"}
+    assert cells(rewards, "hard: parallel ratio ± SE")["parallel"] == "25.0% ± 2.0"
+    assert cells(rewards, "easy: parallel ratio ± SE")["parallel"] == "50.0%"  # no standard error saved
+    assert cells(rewards, "rl-hard steps with a signal") == {"accuracy": "0 of 0", "parallel": "1 of 3",
+                                                             "alternating": "0 of 0"}
     assert cells(stage1, "hard: with - without rl-easy") == {
         "Seen": "+5.0 pts", "Seen, no rl-easy": "", "Unseen": "-2.5 pts", "Unseen, no rl-easy": ""}
     assert cells(stage1, "easy: with - without rl-easy")["Seen"] == "+0.0 pts"

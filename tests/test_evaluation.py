@@ -102,6 +102,8 @@ def test_summarize_by_hand():
     assert s["block_acceleration"] == pytest.approx((40 + 60) / (20 + 30))  # only the responses with a block
     # problems are the unit: per-problem accuracies 0.5 and 0.25, sample sd 0.25 / sqrt(2), over sqrt(2)
     assert s["accuracy_se"] == pytest.approx(0.125)
+    # the parallel ratio likewise: per-problem shares 0.5 and 0, sample sd 0.5 / sqrt(2), over sqrt(2)
+    assert s["parallel_ratio_se"] == pytest.approx(0.25)
     assert summarize(records)["k"] == 4 and summarize(records)["pass_at_k"] == pytest.approx(1.0)
     plain = summarize([hand_record("a", False)])
     assert plain["accuracy_se"] is None and plain["block_acceleration"] is None  # one problem; no block
