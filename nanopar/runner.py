@@ -156,8 +156,8 @@ class Runner:
         shutil.copytree(stage.shipped, temporary)
         os.replace(temporary, final)
         self.log.write({"stage": stage.name, "event": "shipped", "from": stage.shipped})
-        self.console.print(f"{stage.name}: the shipped base {stage.shipped} (not trained here: "
-                           "--pretrained-base '' pretrains it)", highlight=False)
+        self.console.print(f"{stage.name}: copied the pretrained base {stage.shipped}, not trained here "
+                           "(--pretrained-base '' pretrains it)", highlight=False)
 
     def distill(self, stage: Stage) -> None:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
