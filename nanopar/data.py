@@ -6,6 +6,7 @@
     load_problems("toy:easy")                     # a registered source (here the toy world)
     load_problems("data/my_set.jsonl[-100:]")      # any of them sliced (Python's syntax): the last 100
     load_traces("toy:parallel") / load_traces("traces.jsonl")   # question/answer/response records
+    load_traces("parallel-gsm8k")                 # a shipped set of traces (Parallel-R1's cold start)
 
 Sources are the plug-in point for synthetic worlds: `SOURCES` maps a spec prefix to a `Source`
 (problems, teacher traces, optionally a model, e.g. "toy:model"), or to a "module:attribute"
@@ -99,7 +100,7 @@ def resolve(entry: str, kind: type | None = None):
 
 BENCHMARK_DIR = Path(__file__).with_name("benchmarks")
 
-# name -> (file in nanopar/benchmarks/, question field, answer field)
+# name -> (file in nanopar/benchmarks/, or a fixed slice of one: "file.jsonl[:-41]", question field, answer field)
 BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "gsm8k": ("gsm8k_test.jsonl", "question", "answer"),  # answer: worked solution ending "#### N"
     "gsm8k_train": ("gsm8k_train.jsonl", "question", "answer"),  # same form; stage-1 RL / cold start
@@ -108,10 +109,14 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "aime25": ("aime25.jsonl", "problem", "answer"),
     "amc23": ("amc23.jsonl", "problem", "answer"),
     "dapo": ("dapo_math_17k.jsonl", "problem", "answer"),  # answer: integer; Parallel-R1's stage-2 RL set
+    # Parallel-R1's cold-start traces (Parallel-GSM8K, 341): the first 300 train, the last 41 are held out;
+    # answer: integer (as text); also traces (`load_traces`): question, answer, response
+    "parallel-gsm8k": ("parallel_gsm8k_sft.jsonl[:-41]", "question", "answer"),
+    "parallel-gsm8k:heldout": ("parallel_gsm8k_sft.jsonl[-41:]", "question", "answer"),
 }
 
 # a shipped training set -> its shipped test set: the held-out data of a run that trains on it
-TEST_SETS: dict[str, str] = {"gsm8k_train": "gsm8k"}
+TEST_SETS: dict[str, str] = {"gsm8k_train": "gsm8k", "parallel-gsm8k": "parallel-gsm8k:heldout"}
 
 
 def heldout_set_of(spec: str) -> str | None:
@@ -160,11 +165,10 @@ def load_problems(
     if source is not None:
         return source.problems(spec)[:limit]
     if spec in BENCHMARKS:
-        file, default_question, default_answer = BENCHMARKS[spec]
-        path = BENCHMARK_DIR / file
+        _, default_question, default_answer = BENCHMARKS[spec]
+        path, records = _shipped(spec)
         answer_field = default_answer if answer_field is None else answer_field
-        return _to_problems(_numbered_jsonl(path), _at(path), spec, spec, question_field or default_question,
-                            answer_field, limit)
+        return _to_problems(records, _at(path), spec, spec, question_field or default_question, answer_field, limit)
     path = Path(spec)
     if path.is_file():
         if path.suffix == ".txt":
@@ -183,22 +187,30 @@ def load_problems(
 
 def load_traces(spec: str | Path, schema=None) -> list[dict]:
     """SFT traces: a registered source's ("toy:parallel", written in `schema`'s tags, Parallel-R1's
-    when None), or every record of a .jsonl file, as written: whether the traces of a run's
-    parallel SFT are parallel in its schema is `RunInputs.check_traces`'s to judge.
+    when None), or every record of a shipped set ("parallel-gsm8k") or a .jsonl file, as written:
+    whether the traces of a run's parallel SFT are parallel in its schema is
+    `RunInputs.check_traces`'s to judge.
 
     A record needs string fields question and response (answer and id are optional); a record
     without them, or a missing file, is a one-line NanoparError.
+
+    >>> [len(load_traces(name)) for name in ("parallel-gsm8k", "parallel-gsm8k:heldout")]
+    [300, 41]
     """
     source = source_for(spec) if isinstance(spec, str) else None
     if source is not None:
         if source.traces is None:
             raise NanoparError(f"{spec}: the source {spec.partition(':')[0]!r} has no traces")
         return source.traces(spec, schema or PARALLEL_R1)
-    path = Path(spec)
-    if not path.is_file():
-        raise NanoparError(f"traces not found: {path}")
+    if isinstance(spec, str) and spec in BENCHMARKS:
+        path, numbered = _shipped(spec)
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise NanoparError(f"traces not found: {path}")
+        numbered = _numbered_jsonl(path)
     records = []
-    for number, record in _numbered_jsonl(path):
+    for number, record in numbered:
         if not isinstance(record.get("question"), str) or not isinstance(record.get("response"), str):
             raise NanoparError(f"{path}:{number}: a trace needs string fields question and response")
         records.append(record)
@@ -245,6 +257,18 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
 
 
 # --------------------------------------------------------------------------- internals
+
+
+def _shipped(name: str) -> tuple[Path, Iterable[tuple[int, dict]]]:
+    """A shipped set's file and its (line number, record) pairs: only the fixed slice its
+    `BENCHMARKS` entry names when it names one (line numbers stay the file's), else read lazily."""
+    file = BENCHMARKS[name][0]
+    sliced = SLICE.match(file)
+    if not sliced:
+        return BENCHMARK_DIR / file, _numbered_jsonl(BENCHMARK_DIR / file)
+    path = BENCHMARK_DIR / sliced[1]
+    start, stop = (int(bound) if bound else None for bound in sliced.group(2, 3))
+    return path, list(_numbered_jsonl(path))[start:stop]
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -293,7 +293,8 @@ def test_the_script_prints_an_error_as_one_line():
     result = run_script("eval.py", "--model", "toy:model", "--benchmarks", "missing.jsonl")
     assert result.returncode == 1
     assert result.stderr == ("error: benchmark or file not found: missing.jsonl "
-                             "(known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23, dapo)\n")
+                             "(known benchmarks: gsm8k, gsm8k_train, math500, aime24, aime25, amc23, dapo, "
+                             "parallel-gsm8k, parallel-gsm8k:heldout)\n")
 
 
 def test_each_benchmark_is_prompted_as_its_source_words_the_instructions(tmp_path):
