@@ -74,7 +74,7 @@ class TrainConfig(ScriptConfig):
     pretrained_base: str = "auto"  # the pretrain stage's model, copied instead of trained: "auto" = the one the toy ships for the recipe (nanopar/toy/bases/) unless a --pretrain-* flag is given, "" = pretrain here, or a folder
     easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
     hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
-    sft_data: str = "toy:parallel"  # ready cold-start traces (.jsonl: question, answer, response); "" = distilled by --teacher or the model
+    sft_data: str = "toy:parallel"  # ready cold-start traces (name or .jsonl: question, answer, response); "" = distilled by --teacher or the model; "auto" = Parallel-R1's shipped parallel-gsm8k, "" with --teacher or under NPR
     teacher: str = ""  # strong model writing cold-start-data (hub id, folder, checkpoint, tiny:*; "" = its input); not NPR's rejection: self-distilled
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # field of the gold answer ("" = answer)
@@ -125,7 +125,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
     for flag, value in (("--lr", c.lr), ("--sft-lr", c.sft_lr), ("--pretrain-lr", c.pretrain_lr)):
         if not value > 0:
             raise NanoparError(f"{flag} must be > 0, not {value:g}")
-    if "auto" in (c.pretrain_data, c.pretrained_base, c.eval_data) or not c.schema or not c.distill_tries:
+    if "auto" in (c.pretrain_data, c.pretrained_base, c.sft_data, c.eval_data) or not c.schema or not c.distill_tries:
         raise NanoparError("recipe() needs a resolved config: call defaults.resolve(config, argv) first")
     # what the recipe leaves open, the flags decide
     stage = partial(Stage, instructions=c.instructions, mode=c.mode, advantage=c.advantage)

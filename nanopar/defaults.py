@@ -7,7 +7,8 @@ The dataclass defaults are the toy world's (a laptop runs the whole curriculum i
     2. a real model's defaults, when --model is not built from code (a hub id, a folder, a
        `.gguf` file, a checkpoint of one): REAL_SAMPLING for every script, REAL_TRAINING for
        train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, lower learning rates)
-    3. the placeholders: "auto" pretraining traces, shipped base and evaluation sets, "" schema, 0 distil tries;
+    3. the placeholders: "auto" pretraining traces, shipped base, cold-start traces and evaluation sets,
+       "" schema, 0 distil tries;
        eval.py and sample.py take a checkpoint's schema, attention mode and path stride
     4. the schema's: NPR's plan cap (--paths) is its engine's, 5, not Parallel-R1's K
 
@@ -33,7 +34,7 @@ REAL_TRAINING = {  # train.py's fields for a real model
     "pretrain_data": "",  # already trained: no pretraining stage
     "easy_data": "gsm8k_train",  # Parallel-R1's cold start and stage 1: GSM8K
     "hard_data": "dapo",  # stage 2: DAPO-Math-17k (the shipped copy)
-    "sft_data": "",  # cold-start traces distilled by --teacher (or the model itself), format-filtered
+    "sft_data": "auto",  # the recipe's cold start (COLD_START): Parallel-R1's shipped traces, or --teacher's
     "instructions": "parallel",  # the recipe's parallel prompt at every stage (baselines: plain)
     "lora": True,  # LoRA adapters (+ tag rows): what fits one GPU
     "sft_lr": 1e-4,  # LoRA SFT
@@ -45,6 +46,9 @@ REAL_TRAINING = {  # train.py's fields for a real model
 
 RECIPE_SCHEMAS = {"parallel-r1": "parallel-r1", "npr": "npr"}  # the tags each recipe writes unless --schema says otherwise
 DISTILL_TRIES = {"parallel-r1": 1, "npr": 8}  # samples per problem of a distill stage: a teacher's one, NPR's rejection 8
+# --sft-data auto without --teacher: Parallel-R1's own cold-start traces (shipped); NPR reads none, it
+# rejection-samples its own (curriculum.py). With --teacher: "", the teacher distils them (cold-start-data)
+COLD_START = {"parallel-r1": "parallel-gsm8k", "npr": ""}
 NPR_PLANS = 5  # the most plans (branches) NPR's engine forks a guideline into
 
 
@@ -94,6 +98,8 @@ def _resolve_training_placeholders(config, put) -> None:
         raise NanoparError(f"unknown recipe {config.recipe!r}: use one of {', '.join(RECIPE_SCHEMAS)}")
     put("schema", config.schema or RECIPE_SCHEMAS[config.recipe])
     put("distill_tries", config.distill_tries or DISTILL_TRIES[config.recipe])
+    if config.sft_data == "auto":
+        put("sft_data", "" if config.teacher else COLD_START[config.recipe])
     source = source_for(config.easy_data)
     source_base = (source.bases or {}).get(config.recipe, "") if source is not None else ""
     if config.pretrain_data == "auto":  # a world that builds its own base model says on which traces, per recipe

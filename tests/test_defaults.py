@@ -19,9 +19,10 @@ def resolved(argv):
 def test_a_real_model_gets_a_real_run(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a local model folder
     config = resolved(["--model", str(tmp_path)])
-    assert {f: getattr(config, f) for f in REAL_TRAINING | REAL_SAMPLING} == REAL_TRAINING | REAL_SAMPLING
+    real = REAL_TRAINING | REAL_SAMPLING | {"sft_data": "parallel-gsm8k"}  # "auto": Parallel-R1's shipped traces
+    assert {f: getattr(config, f) for f in REAL_TRAINING | REAL_SAMPLING} == real
     names = [s.name for s in recipe(config)]
-    assert names == ["cold-start-data", "sft", "rl-easy", "rl-hard"]  # no toy pretraining, a distilled cold start
+    assert names == ["sft", "rl-easy", "rl-hard"]  # no toy pretraining, the shipped cold start (tests/test_parallel_gsm8k.py)
     assert all(s.instructions in ("parallel",) for s in recipe(config))
     assert resolved(["--model", str(tmp_path), "--paths", "4", "--hard-data", "math500"]).paths == 4  # flags win
 
@@ -61,7 +62,8 @@ def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_w
     config, changed = train.resolved_config(["--model", str(tmp_path), "--lr", "2e-5"])
     assert config.lr == 2e-5 and "lr" not in changed
     assert changed["pretrain_data"] == "" and config.pretrain_data == ""  # a real model's "" is not the toy's base
-    assert changed["pretrained_base"] == "" and recipe(config)[0].name == "cold-start-data"  # nothing to copy
+    assert changed["pretrained_base"] == "" and recipe(config)[0].name == "sft"  # nothing to copy
+    assert changed["sft_data"] == "parallel-gsm8k"  # shown and saved like every resolved default
     assert config.eval_data == "gsm8k,dapo[-150:]" and changed["eval_data"] == config.eval_data
     written = parse_config(train.TrainConfig, ["--model", str(tmp_path)])
     assert resolve(written, ["--model", str(tmp_path)]) == changed | {"lr": 1e-5}  # the same road, whoever calls it
