@@ -101,10 +101,12 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
     # the schema asked for (easy problems only, as a strong model writes valid ones on GSM8K and
     # none on DAPO)
     "toy:instruct": [("easy", "sequential", 0.45), ("hard", "sequential", 0.45), ("easy", "instructed", 0.1)],
-    # the cold start (in NPR's tags: NPR's cold start): easy parallel traces, with some hard
-    # sequential ones kept in the mix so the model does not apply 3-number patterns to 4-number
-    # problems (docs/toy.md: what happens without them)
-    "toy:parallel": [("easy", "parallel", 0.75), ("hard", "sequential", 0.25)],
+    # the cold start (in NPR's tags: NPR's cold start): easy parallel traces, some hard sequential
+    # ones so the model does not apply 3-number patterns to 4-number problems, and a few hard
+    # parallel (exploring) ones: Parallel-R1's cold start is GSM8K only, but the toy model does
+    # not carry the format from easy to hard problems as an LLM carries it from GSM8K to DAPO
+    # (docs/toy.md: what happens without either)
+    "toy:parallel": [("easy", "parallel", 0.75), ("hard", "parallel", 0.1), ("hard", "sequential", 0.15)],
 }
 
 

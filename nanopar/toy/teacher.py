@@ -13,8 +13,8 @@ sequential: the right route sits at attempt a, uniform in 1..K (easy K = 4, hard
     7*3=21,21+12=33vs33yes so (7*3)+12
     Final Answer: (7*3)+12
 
-A parallel trace (easy only, as in the paper) is one of two kinds, VERIFICATION_SHARE of them
-the second. Both make at least as many attempts as the sequential teacher would with the same
+A parallel trace is one of two kinds, VERIFICATION_SHARE of them the second (a hard problem's:
+exploration only, see below). Both make at least as many attempts as the sequential teacher would with the same
 draws (`attempt_count`), so writing in parallel never caps the search:
 
 exploration: the trace opens with a block of K = 3 routes side by side; when none checks out
@@ -251,12 +251,11 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
     verification the sequential teacher's attempts, then one block of K `CHECKS` of the answer
                  (K <= 3), summarised by the expression
 
-    then the answer. Easy problems only, as in the paper. A schema with plans: `npr_trace`.
+    then the answer. A hard problem's trace explores (`_draw_kind`). A schema with plans: `npr_trace`.
     """
-    _check_parallel_problem(problem)
     if schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has plans: write its traces with npr_trace")
-    if _draw_kind(rng, kind) == "exploration":
+    if _draw_kind(rng, kind, problem) == "exploration":
         return _exploration_trace(problem, rng, schema, lambda i, left: paths, lambda route: route.steps)
     return _verification_trace(problem, rng, schema, lambda: paths)
 
@@ -274,14 +273,13 @@ def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
     verification the sequential teacher's attempts, then one round of 2..min(K, 3) `CHECKS`: plan i
                  "i:" and the check's name, step i "i:" and the check; the takeaway the expression
 
-    then the answer. Easy problems only.
+    then the answer. A hard problem's trace explores (`_draw_kind`).
     """
-    _check_parallel_problem(problem)
     if not schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has no plans: write its traces with parallel_trace")
     if not 2 <= paths <= MAX_PATHS:
         raise ValueError(f"an NPR round of the teacher has 2..{MAX_PATHS} plans, not at most {paths}")
-    if _draw_kind(rng, kind) == "exploration":
+    if _draw_kind(rng, kind, problem) == "exploration":
         return _exploration_trace(problem, rng, schema, lambda i, left: rng.randint(2, paths) if i == 0 else
                                   max(2, min(left, paths)), first_move)
     return _verification_trace(problem, rng, schema, lambda: rng.randint(2, min(paths, len(CHECKS))))
@@ -310,11 +308,18 @@ def _verification_trace(problem: Problem, rng: random.Random, schema: TagSchema,
     return "\n".join(lines) + f"\n{FINAL} {right.expression}"
 
 
-def _draw_kind(rng: random.Random, kind: str | None) -> str:
+def _draw_kind(rng: random.Random, kind: str | None, problem: Problem) -> str:
+    """The trace's kind: `kind`, or drawn (verification with probability VERIFICATION_SHARE).
+    A hard problem's trace always explores: a verification block's "back" check works back along a
+    chain of steps, and a hard route need not be one ("9+6=15, 7+1=8, 15-8=7")."""
+    if kind is not None and kind not in TRACE_KINDS:
+        raise ValueError(f"unknown parallel trace kind {kind!r}: use one of {', '.join(TRACE_KINDS)}")
+    if problem.extra["level"] != "easy":
+        if kind == "verification":
+            raise ValueError(f"the teacher verifies easy problems only, not {problem.extra['level']!r}: a hard route need not be a chain")
+        return "exploration"
     if kind is None:
         return "verification" if rng.random() < VERIFICATION_SHARE else "exploration"
-    if kind not in TRACE_KINDS:
-        raise ValueError(f"unknown parallel trace kind {kind!r}: use one of {', '.join(TRACE_KINDS)}")
     return kind
 
 
@@ -330,8 +335,3 @@ def _block(t: TagSchema, plans: list[str] | None, branches: list[str], summary: 
         head += "".join(f"{t.plan_open}{t.label(k)}{plan}{t.plan_close}" for k, plan in enumerate(plans)) + t.plans_close
     body = "".join(f"{t.path_open}{t.label(k)}{branch}{t.path_close}" for k, branch in enumerate(branches))
     return f"{head}{body}{t.block_close or ''}{t.summary_open}{summary}{t.summary_close}"  # NPR's round has no closing tag
-
-
-def _check_parallel_problem(problem: Problem) -> None:
-    if problem.extra["level"] != "easy":
-        raise ValueError(f"the teacher writes parallel traces for easy problems only, not {problem.extra['level']!r}")
