@@ -214,7 +214,7 @@ def test_the_cold_start_traces_of_a_run_are_judged_in_its_schema(schema, other, 
         stages = recipe(config)
         return {s.name: s for s in stages}, RunInputs(config, stages, schema, lambda stage: tmp_path / stage.name)
 
-    mine = load_traces("toy:parallel", schema)  # the teacher's: three in four parallel, the rest without tags
+    mine = load_traces("toy:parallel", schema)  # the teacher's: 85% parallel, the rest without tags
     parallel = [r for r in mine if schema.block_open in r["response"]]
     sequential = [r for r in mine if "<" not in r["response"]]
     theirs = [r for r in load_traces("toy:parallel", other) if other.block_open in r["response"]][:10]

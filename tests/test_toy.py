@@ -61,7 +61,7 @@ MAX_PATH_TOKENS = DEFAULTS.max_path_tokens  # 48: a step (label, attempt or chec
 PARALLEL_R1_TRACES = {
     "toy:sequential": "987bf03d27784d43512207405f770cb0d45c271ddef0ff4a5fd96f678be968b7",
     "toy:instruct": "28173f0e269837e2bfbc7ce1218101d7cefeb6f567681b61f756be76ac4b9e7e",
-    "toy:parallel": "3632c2565a5d3382860e33dc60b77b1ecf160462ae71124a2b43b8a968bf67a5",
+    "toy:parallel": "ebac06e343a3ba4488a357c5ddefeb31e7378f98e23c82dde3b128f5f33d0dfc",
 }
 
 
@@ -432,9 +432,22 @@ def test_the_kinds_mix_and_where_their_blocks_open():
         assert 0.15 < mean < 0.35, mean  # measured ~0.26 (Parallel-R1), ~0.22 (NPR)
 
 
-def test_parallel_trace_on_hard_raises(problems):
-    with pytest.raises(ValueError, match="easy problems only"):
-        parallel_trace(problems["hard"][0], random.Random(0))
+def test_a_hard_parallel_trace_explores_and_cannot_verify(problems):
+    """A hard problem's trace: blocks of 3 four-number attempts, the last holding the right route
+    and summed up by its expression (checked by the toy's own checker), never a verification."""
+    rng = random.Random(0)
+    for p in problems["hard"][:200]:
+        trace = parallel_trace(p, rng)
+        blocks = re.findall(r"<Parallel>(.*?)</Parallel><Summary>(.*?)</Summary>", trace)
+        assert blocks and check_parallel(trace).ok, trace
+        for k, (body, summary) in enumerate(blocks):
+            attempts = re.findall(r"<Path>(.*?)</Path>", body)
+            assert len(attempts) == PARALLEL_PATHS and all(len(a.split("vs")[0].split(",")) == 3 for a in attempts)
+            found = [a.split(" so ")[1] for a in attempts if "yes so " in a]
+            assert found == ([summary] if k == len(blocks) - 1 else []) and (found or summary == "no"), trace
+        assert check_countdown(blocks[-1][1], p) and trace.endswith(f"{FINAL} {blocks[-1][1]}"), trace
+    with pytest.raises(ValueError, match="verifies easy problems only"):
+        parallel_trace(problems["hard"][0], random.Random(0), kind="verification")
     with pytest.raises(ValueError, match="unknown parallel trace kind"):
         parallel_trace(problems["easy"][0], random.Random(0), kind="both")
 
@@ -475,10 +488,11 @@ def test_npr_traces_follow_npr_rules_and_grade_correct(npr_traces):
     assert set(counts) == {2, 3} and 0.4 < counts.count(2) / len(counts) < 0.6, counts.count(2)  # equally likely: 0.48 here
 
 
-def test_npr_teacher_asks_for_easy_problems_and_a_schema_with_plans(problems):
+def test_npr_teacher_verifies_easy_problems_only_and_asks_for_a_schema_with_plans(problems):
     easy, rng = problems["easy"][0], random.Random(0)
-    with pytest.raises(ValueError, match="easy problems only"):
-        npr_trace(problems["hard"][0], rng)
+    assert check_parallel(npr_trace(problems["hard"][0], rng), NPR).ok  # a hard problem's round explores
+    with pytest.raises(ValueError, match="verifies easy problems only"):
+        npr_trace(problems["hard"][0], rng, kind="verification")
     with pytest.raises(ValueError, match="has no plans"):
         npr_trace(easy, rng, schema=PARALLEL_R1)
     with pytest.raises(ValueError, match="has plans"):
@@ -510,13 +524,14 @@ def test_npr_tokens_put_each_step_label_right_after_its_tag(npr_traces, npr_toke
 
 
 def test_teacher_traces_in_npr_tags_have_the_mix_shares():
-    for name, parallel_share in (("toy:instruct", 0.1), ("toy:parallel", 0.75)):
+    for name, shares in (("toy:instruct", {"easy": 0.1}), ("toy:parallel", {"easy": 0.75, "hard": 0.1})):
         records = teacher_traces(name, NPR)
         assert len(records) == 4000
         npr = [r for r in records if NPR.block_open in r["response"]]
-        assert len(npr) == round(4000 * parallel_share), name
-        assert all(check_format(r["response"], NPR).ok and check_parallel(r["response"], NPR).ok
-                   and r["id"].startswith("toy-easy") for r in npr), name
+        for level, share in shares.items():
+            assert sum(r["id"].startswith(f"toy-{level}") for r in npr) == round(4000 * share), (name, level)
+        assert len(npr) == round(4000 * sum(shares.values())), name
+        assert all(check_format(r["response"], NPR).ok and check_parallel(r["response"], NPR).ok for r in npr), name
         assert all("<" not in r["response"] and check_format(r["response"], NPR).ok  # sequential: no tags at all
                    for r in records if NPR.block_open not in r["response"]), name
         instructed = [r for r in records if r.get("instructions") == "parallel"]

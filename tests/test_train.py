@@ -593,7 +593,7 @@ def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(
     traces says how many and trains. Pretraining's traces are sequential and not judged."""
     from nanopar.data import load_traces, write_jsonl
 
-    teacher = load_traces("toy:parallel")  # Parallel-R1's tags: three in four parallel, the rest sequential
+    teacher = load_traces("toy:parallel")  # Parallel-R1's tags: 85% parallel, the rest sequential
     parallel = [r for r in teacher if "<Parallel>" in r["response"]]
     sequential = [r for r in teacher if "<" not in r["response"]]
     rounds = [r for r in load_traces("toy:parallel", NPR) if "<guideline>" in r["response"]]
