@@ -29,7 +29,7 @@ import torch
 
 from . import NanoparError
 from .head import decoder_and_head, head_logprobs
-from .layout import build_layout, mask_dtype
+from .layout import build_layout, mask_dtype, sliding_window
 from .policy import Policy
 
 HEAD_READS = ("plain", "chunked", "auto")
@@ -122,7 +122,7 @@ def trace_logprobs(model, batch: TokenBatch, policy: Policy, with_entropy: bool 
     (`chunk` positions at a time, head.py) or "auto". -> ([B, T-1] float32, entropy [B, T-1] or None)"""
     read = head_read_for(head_read, policy.vocab_size or model.config.vocab_size)
     layout = build_layout(batch.input_ids, policy.tag_ids, policy.mode, batch.attention_mask, batch.prompt_lengths,
-                          dtype=mask_dtype(model), path_stride=policy.path_stride)
+                          dtype=mask_dtype(model), path_stride=policy.path_stride, window=sliding_window(model))
     where = batch.target_mask > 0  # [B, T-1] the positions a loss or a metric reads
     targets = batch.input_ids[:, 1:]  # [B, T-1] the token each position predicts
     if read == "chunked":

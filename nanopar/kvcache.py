@@ -89,22 +89,30 @@ class LaneCache:
             for layer in self.cache.layers
         ]
 
-    def step_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+    def step_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor | dict | None:
         """Additive mask for one decode step: each row sees its real tokens and the new one.
 
         None when no row has padding: the model then attends to everything, and sdpa takes its
         faster unmasked path. [N, 1, 1, W+1]: a view of a mask made once per set of rows, with
         spare columns (a step moves no row's first real column, it adds a visible one).
+        With a sliding `window` (`layout.sliding_window`), always a mask per layer type: the
+        sliding layers' sees only the last `window` columns (a row holds exactly the tokens its
+        lane sees, in order, so this is `layout.build_layout`'s window).
         """
         width = self.width
-        if min(self.lens) == width:
+        if window is None and min(self.lens) == width:
             return None
         if self._mask is None or self._mask.shape[-1] < width + 1 or self._mask.dtype != dtype:
             columns = torch.arange(width + 1 + max(16, width // 4), device=self.device)  # spare columns
             pad = width - torch.tensor(self.lens, device=self.device)  # [N] padding columns per row
             self._mask = torch.zeros(len(self.lens), len(columns), dtype=dtype, device=self.device)
             self._mask.masked_fill_(columns[None, :] < pad[:, None], torch.finfo(dtype).min)
-        return self._mask[:, None, None, : width + 1]
+        mask = self._mask[:, None, None, : width + 1]
+        if window is None:
+            return mask
+        sliding = mask.clone()
+        sliding[..., : max(0, width + 1 - window)] = torch.finfo(dtype).min
+        return {"full_attention": mask, "sliding_attention": sliding}
 
     def appended(self) -> None:
         """Record the column the last forward appended to every row."""

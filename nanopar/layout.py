@@ -21,7 +21,13 @@ guideline (the plans) shared text before them, its takeaway what follows the blo
 additive float (0 = attend, finfo(dtype).min = blocked): transformers passes a 4D mask through
 untouched, and a bool mask is silently wrong under eager attention. Padding may be on either
 side; pads get position 0 and are never seen.
-Not here: the incremental (cached) masks of the sampler, which only need padding.
+
+A model whose layers mix sliding-window and full attention (Gemma-3: 5 of 6 layers see only the
+last 512 tokens) would read a 4D mask as the mask of every layer, its window gone: `window`
+(`sliding_window(model)`) gives it a second mask, by layer type. The window counts the tokens a
+query sees (its own among them), not positions: in causal mode that is the model's own rule; in
+structured mode it is what the sampler's cache row of a lane holds (prefix ‖ its own path).
+Not here: the incremental (cached) masks of the sampler (kvcache.py), which need padding and the window.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ MODES = ("structured", "causal")
 
 @dataclass
 class Layout:
-    attention_mask: torch.Tensor  # [B, 1, T, T] additive float: 0 attend, finfo.min blocked
+    attention_mask: torch.Tensor | dict[str, torch.Tensor]  # [B, 1, T, T] additive float: 0 attend, finfo.min
+    # blocked; with a window, one such mask per layer type ("full_attention", "sliding_attention")
     position_ids: torch.Tensor  # [B, T] long; pads are 0
 
 
@@ -48,6 +55,16 @@ def mask_dtype(model) -> torch.dtype:
     embedding stays in the compute dtype; float32 if the embedding is not a float tensor)."""
     dtype = model.get_input_embeddings().weight.dtype
     return dtype if dtype.is_floating_point else torch.float32
+
+
+def sliding_window(model) -> int | None:
+    """The window of a model whose layers mix sliding-window and full attention (`layer_types`
+    holds "sliding_attention": Gemma-3, a Qwen2/3 with use_sliding_window), else None. Such a
+    model takes a dict of masks by layer type."""
+    config = model.config.get_text_config(decoder=True)
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return config.sliding_window
 
 
 def path_start(start: int, k: int, stride: int) -> int:
@@ -101,6 +118,7 @@ def build_layout(
     prompt_lengths: list[int] | None = None,  # per row: leading real tokens read as plain text
     dtype: torch.dtype = torch.float32,  # the model's compute dtype (sets the blocked value)
     path_stride: int = 0,  # structured: path k starts at start + k * stride (0 = shared positions)
+    window: int | None = None,  # a sliding window (`sliding_window(model)`): then a mask per layer type
 ) -> Layout:
     """The 4D mask and position ids for a batch of traces in `mode`."""
     if mode not in MODES:
@@ -134,6 +152,14 @@ def build_layout(
     )  # [B, T, T] query and key in different paths of one block
     allowed = causal[None] & real[:, None, :] & ~siblings  # [B, T, T]
     allowed |= torch.eye(T, dtype=torch.bool, device=device)[None] & ~real[:, :, None]  # pads see themselves
-    mask = torch.zeros(B, 1, T, T, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)  # [B, 1, T, T]
+    mask = additive(allowed, dtype)  # [B, 1, T, T]
+    if window is not None:  # sliding layers: keys among the last `window` tokens the query sees
+        seen = allowed.flip(-1).cumsum(-1, dtype=torch.int32).flip(-1)  # [B, T, T] seen keys from j to the query
+        mask = {"full_attention": mask, "sliding_attention": additive(allowed & (seen <= window), dtype)}
     return Layout(attention_mask=mask, position_ids=positions)
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, T, T] bool (True = attend) -> [B, 1, T, T] additive mask."""
+    mask = torch.zeros(allowed.shape[0], 1, *allowed.shape[1:], dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)

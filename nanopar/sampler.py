@@ -30,10 +30,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
-from .layout import after_block, build_layout, mask_dtype, path_start
+from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
 from .policy import Policy, draw
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -220,6 +221,7 @@ class _Decoder:
         self.schema = self.tags.schema if self.tags else None
         self.tag_names = self.tags.names() if self.tags else {}  # token id -> tag role
         self.dtype = mask_dtype(model)
+        self.window = sliding_window(model)  # a sliding window (Gemma-3): masks by layer type
         self.structured = policy.mode == "structured"  # fork and merge; causal decodes plainly
 
     # --- the loop -------------------------------------------------------------------------
@@ -265,10 +267,12 @@ class _Decoder:
         for row, prompt in enumerate(prompts):
             ids[row, T - len(prompt) :] = torch.tensor(prompt, device=device)
             real[row, T - len(prompt) :] = 1
-        layout = build_layout(ids, self.tags, "causal", attention_mask=real, dtype=self.dtype)
+        layout = build_layout(ids, self.tags, "causal", attention_mask=real, dtype=self.dtype, window=self.window)
+        # With a window, a cache of plain layers: the model's own would keep only the last window - 1
+        # columns of its sliding layers, and a lane's row holds every token it sees, in every layer.
         out = self.model(
             input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
-            use_cache=True, logits_to_keep=1,
+            cache=DynamicCache() if self.window else None, use_cache=True, logits_to_keep=1,
         )
         self.cache = self.lane_cache(out.cache, [len(p) for p in prompts])
         rows = [p for p in range(len(prompts)) for _ in range(samples_per_prompt)]
@@ -288,7 +292,7 @@ class _Decoder:
         tokens = torch.tensor([[lane.pending] for lane in lanes], device=device)  # [N, 1]
         positions = torch.tensor([[lane.position] for lane in lanes], device=device)  # [N, 1]
         out = self.model(
-            input_ids=tokens, attention_mask=self.cache.step_mask(self.dtype), position_ids=positions,
+            input_ids=tokens, attention_mask=self.cache.step_mask(self.dtype, self.window), position_ids=positions,
             cache=self.cache.cache, use_cache=True,
         )
         self.cache.appended()
