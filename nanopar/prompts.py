@@ -121,7 +121,9 @@ def build_prompt(
     """The token ids of the prompt for one problem (a `Problem` or the question text).
 
     `instructions=""` sends the bare question. `system` is a system message (chat form only);
-    `None` leaves the template's default (Qwen2.5 adds its own, Qwen3 none).
+    `None` leaves the template's default (Qwen2.5 adds its own, Qwen3 none). The plain form starts
+    with the tokenizer's BOS where its own encoding adds one (Gemma, Llama: a base model without
+    it writes garbage); a chat template writes its own.
 
     >>> from nanopar.tiny import char_tokenizer
     >>> tokenizer = char_tokenizer()
@@ -134,10 +136,13 @@ def build_prompt(
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": content}
         ]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    else:
-        text = content + "\n"
-    return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                                add_special_tokens=False)
+    text = content + "\n"
+    ids, bos = tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id
+    if bos is not None and tokenizer.encode(text)[:1] == [bos] != ids[:1]:
+        ids = [bos] + ids
+    return ids
 
 
 def stop_ids(model, tokenizer) -> list[int]:

@@ -379,6 +379,24 @@ def test_build_prompt_char_tokenizer_is_plain_text():
     assert tokenizer.unk_token_id not in ids
 
 
+def test_the_plain_form_starts_with_the_bos_a_tokenizer_adds():
+    """Gemma's and Llama's tokenizers add a BOS; without a chat template the prompt must carry it
+    (Gemma-3 270M without it: "<h2><h2>..." for every question; docs/real-checkpoint.md)."""
+    from tokenizers.processors import TemplateProcessing
+
+    from nanopar.tiny import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    assert build_prompt("2+3?", tokenizer, instructions="") == tokenizer.encode("2+3?\n")  # adds none: no BOS
+    tokenizer.add_special_tokens({"bos_token": "<bos>"})
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="<bos> $A",
+                                                                    special_tokens=[("<bos>", tokenizer.bos_token_id)])
+    ids = build_prompt("2+3?", tokenizer, instructions="")
+    assert ids == tokenizer.encode("2+3?\n") and ids[0] == tokenizer.bos_token_id and ids.count(ids[0]) == 1
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert build_prompt("2+3?", tokenizer, instructions="").count(tokenizer.bos_token_id) == 1  # the template's
+
+
 def test_stop_ids(qwen_tokenizer):
     from nanopar.tiny import char_tokenizer
 
