@@ -337,8 +337,8 @@ class Forked(dict):
 
 @pytest.fixture(scope="module")
 def forked(real) -> Forked:
-    """The LoRA model of `real` (loaded once for the tests that sample it), its rollouts sampled
-    as tests ask (Gemma-3: structured only)."""
+    """The LoRA model of `real`, loaded once for the tags, sampling, window and GRPO tests, its
+    rollouts sampled as tests ask (Gemma-3: structured only)."""
     model, tokenizer = lora_model(real.folder)
     return Forked(model=model, tokenizer=tokenizer)
 
