@@ -98,12 +98,14 @@ class RunInputs:
     def batch_of_step(self, items: list, count: int, stage: Stage, step: int) -> list:
         """The `count` items step `step` trains on: a seeded shuffle per epoch, so a resumed run
         takes the same ones."""
+        orders = {}  # epoch -> its shuffled order, drawn once per call (a step spans one or two epochs)
         picked = []
         for position in range(step * count, (step + 1) * count):
             epoch, index = divmod(position, len(items))
-            order = list(range(len(items)))
-            random.Random(f"{self.config.seed}/{stage.name}/{epoch}").shuffle(order)
-            picked.append(items[order[index]])
+            if epoch not in orders:
+                orders[epoch] = list(range(len(items)))
+                random.Random(f"{self.config.seed}/{stage.name}/{epoch}").shuffle(orders[epoch])
+            picked.append(items[orders[epoch][index]])
         return picked
 
     def eval_sets(self) -> list[str]:

@@ -238,6 +238,31 @@ def test_the_cold_start_traces_of_a_run_are_judged_in_its_schema(schema, other, 
     assert stages["pretrain"].traces == "toy:instruct" and inputs.check_traces(stages["pretrain"]) is None  # mostly sequential
 
 
+def test_a_step_takes_its_items_from_one_seeded_shuffle_per_epoch(tmp_path):
+    """RunInputs.batch_of_step, against the rule written out position by position: item p of
+    the run is the (p mod n)-th of epoch p // n's shuffle, seeded by the run's seed, the stage and
+    the epoch; a step that crosses an epoch takes the end of one shuffle and the start of the
+    next; every epoch visits each item once."""
+    import random
+
+    from nanopar.curriculum import Stage, TrainConfig
+    from nanopar.run_inputs import RunInputs
+
+    items, count, config = [f"trace {i}" for i in range(10)], 4, TrainConfig(seed=7)
+    stage = Stage("sft", "sft", "toy:easy")
+    inputs = RunInputs(config, [stage], PARALLEL_R1, lambda s: tmp_path / s.name)
+
+    def by_position(p):
+        order = list(range(len(items)))
+        random.Random(f"7/sft/{p // len(items)}").shuffle(order)
+        return items[order[p % len(items)]]
+
+    steps = [inputs.batch_of_step(items, count, stage, step) for step in range(5)]  # 20 positions: 2 epochs
+    assert steps == [[by_position(p) for p in range(s * count, (s + 1) * count)] for s in range(5)]
+    run = [item for step in steps for item in step]
+    assert sorted(run[:10]) == sorted(items) == sorted(run[10:]) and run[:10] != run[10:]
+
+
 # --------------------------------------------------------------------------- JSON Lines helpers
 
 
