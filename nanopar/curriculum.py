@@ -96,7 +96,7 @@ class TrainConfig(ScriptConfig):
     distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all)
     # held-out evaluation after every training stage (the final table)
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto" = the held-out sets of --easy-data and --hard-data
-    eval_problems: int = 300  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560
+    eval_problems: int = 256  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560 (256: four sampler calls of --eval-batch 64)
     eval_samples: int = 8  # responses per problem, at --temperature (docs/results.md: the standard errors this gives)
     eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
     # GRPO's batch (and every sampler knob from ScriptConfig)

@@ -149,15 +149,22 @@ class Runner:
 
     def copy_shipped(self, stage: Stage) -> None:
         """A stage whose result ships with nanopar (the toy's pretrained bases): its folder becomes
-        the stage's final/, copied whole under a temporary name first (as a checkpoint is)."""
+        the stage's final/, copied whole under a temporary name first (as a checkpoint is). An
+        eval.json shipped beside the model (its held-out evaluation at the defaults) becomes the
+        stage's: `HeldOut.evaluate` reuses it only where its key matches the run's settings."""
         final = self.folder(stage) / "final"
         temporary = final.with_name(".final.incomplete")
         shutil.rmtree(temporary, ignore_errors=True)
-        shutil.copytree(stage.shipped, temporary)
+        shutil.copytree(stage.shipped, temporary, ignore=shutil.ignore_patterns("eval.json"))
         os.replace(temporary, final)
+        evaluation = Path(stage.shipped) / "eval.json"
+        if evaluation.exists():
+            shutil.copyfile(evaluation, self.folder(stage) / "eval.json")
         self.log.write({"stage": stage.name, "event": "shipped", "from": stage.shipped})
         self.console.print(f"{stage.name}: copied the pretrained base {stage.shipped}, not trained here "
-                           "(--pretrained-base '' pretrains it)", highlight=False)
+                           "(--pretrained-base '' pretrains it)" + (", with its held-out evaluation at the default "
+                                                                    "settings" if evaluation.exists() else ""),
+                           highlight=False)
 
     def distill(self, stage: Stage) -> None:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a

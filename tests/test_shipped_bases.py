@@ -64,3 +64,33 @@ def test_a_shipped_base_reaches_its_stated_heldout_accuracy(recipe):
                            8, instructions_named(config.instructions, spec, schema), config.chat, 64)
         result = summarize(records)
         assert result["accuracy"] >= claim - 3 * result["accuracy_se"], (level, result["accuracy"], claim)
+        # the shipped evaluation's first sampler call (64 problems, seed + 0) is this one's, sample for sample
+        shipped = json.loads((Path(SHIPPED_BASES[recipe]) / "eval.json").read_text())["results"][spec]["per_problem"]
+        first_call = list(result["per_problem"].items())[:64]
+        assert list(shipped.items())[:64] == first_call, level
+
+
+@pytest.mark.parametrize("recipe", sorted(SHIPPED_BASES))
+def test_a_run_at_the_defaults_reuses_the_evaluation_shipped_with_its_base(recipe, tmp_path, monkeypatch):
+    """The eval.json beside a base is the held-out evaluation of the pretrain stage that a run at
+    the defaults makes (its key is the run's), so copying the base copies it and no model samples;
+    a run evaluating other problems samples the base again (its key differs)."""
+    from nanopar.runner import open_run
+
+    runner, _ = open_run(train.resolved_config(["--recipe", recipe, "--out", str(tmp_path / "run")])[0])
+    pretrain = runner.stages[0]
+    shipped = json.loads((Path(SHIPPED_BASES[recipe]) / "eval.json").read_text())
+    assert shipped["how"] == runner.heldout.key(pretrain)
+    runner.copy_shipped(pretrain)
+    assert not (runner.folder(pretrain) / "final" / "eval.json").exists()  # a model folder, as trained ones are
+
+    def no_sampling(*args):
+        raise AssertionError("the shipped evaluation should have been used")
+
+    monkeypatch.setattr(runner, "load", no_sampling)
+    assert runner.heldout.evaluate(pretrain) == shipped["results"]
+    other, _ = open_run(train.resolved_config(["--recipe", recipe, "--out", str(tmp_path / "run"),
+                                               "--eval-problems", "100"])[0])
+    monkeypatch.setattr(other, "load", no_sampling)
+    with pytest.raises(AssertionError, match="shipped evaluation"):
+        other.heldout.evaluate(other.stages[0])
