@@ -81,7 +81,7 @@ def test_the_alternating_arms_steps_in_the_results_are_the_schedules():
     every reward -1) and the accuracy steps that remain, against the accuracy arm's, at the
     rl-hard steps of the command the docs give (the default's unless it says otherwise)."""
     text = " ".join((ROOT / "docs" / "results.md").read_text().split())
-    given = re.search(r"`python train\.py --ablations --rl-hard-steps (\d+)`", text)
+    given = re.search(r"`python train\.py --ablations --rl-hard-steps (\d+)[^`]*`", text)
     steps = int(given.group(1)) if given else TrainConfig().rl_hard_steps
     spec = alternating_spec(steps)
     kinds = [next(iter(schedule_from_string(spec).spec(k))) for k in range(steps)]
