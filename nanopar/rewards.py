@@ -202,6 +202,25 @@ def accuracy_times_parallel(text: str, trace: Trace, problem: Problem) -> float:
     return 1.0 if is_correct(text, problem) else -1.0
 
 
+# What a model too small to solve the problems can still earn (the real-weights CPU run on SmolLM2,
+# docs/real-checkpoint.md): its format, right or wrong. "valid_parallel:0.5,answered:0.5" gives
+# -1, 0 or +1 for neither, one or both.
+@register("valid_parallel")
+def valid_parallel(text: str, trace: Trace, problem: Problem) -> float:
+    """+1 for a valid parallel trace (`uses_parallel`), right or wrong, else -1."""
+    return 1.0 if uses_parallel(text, trace) else -1.0
+
+
+@register("answered")
+def answered(text: str, trace: Trace, problem: Problem) -> float:
+    """+1 when the strict reading finds a final answer (right or wrong), else -1.
+
+    >>> [answered(t, parse_trace(t), Problem("p", "q", "4")) for t in ("Final Answer: 5", "so it is 4")]
+    [1.0, -1.0]
+    """
+    return 1.0 if graded(text, problem).extracted is not None else -1.0
+
+
 @register("npr_format")
 def npr_format(text: str, trace: Trace, problem: Problem) -> float:
     """NPR stage 1 (NPR-Zero): format and correctness, a correct answer in NPR's format first.
