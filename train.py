@@ -44,10 +44,12 @@ from nanopar.show import stage_table
 def summary(runner: Runner, stages) -> Table:
     """Stages as columns: their training numbers, then the held-out results of each stage's model."""
     c = runner.config
+    given = [(f"{runner.heldout.given.name} (given)", stage_result(runner, runner.heldout.given))] \
+        if runner.heldout.given else []  # --eval-model: the configured model, before any stage
     return stage_table(f"{runner.out}: held-out results after each stage (first {c.eval_problems} problems of each "
                        f"set, {c.eval_samples} samples at T = {c.temperature:g})",
-                       [(f"{stage.name} (shipped)" if stage.shipped else stage.name, stage_result(runner, stage))
-                        for stage in stages])
+                       given + [(f"{stage.name} (shipped)" if stage.shipped else stage.name, stage_result(runner, stage))
+                                for stage in stages])
 
 
 PRESETS = {  # name -> the TrainConfig fields it changes
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> Path:
     runner, chosen = open_run(config, console)
     runner.write_config(resolved)
     started = time.perf_counter()
+    if runner.heldout.given:  # the configured model's numbers first: what the stages change
+        runner.heldout.evaluate(runner.heldout.given)
     for stage in chosen:
         runner.run(stage)
     console.print(summary(runner, chosen))

@@ -27,7 +27,7 @@ RECIPES = ("parallel-r1", "npr")
 @dataclass
 class Stage:
     name: str  # folder under the run, also what --stages selects
-    kind: str  # "distill" (write traces), "sft" or "grpo"
+    kind: str  # "distill" (write traces), "sft" or "grpo"; "given": the configured --model, evaluated only
     data: str  # problems: benchmark name, .jsonl path, hub name, or toy:easy / toy:hard
     steps: int = 0  # optimiser steps (sft, grpo)
     reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2")
@@ -99,6 +99,7 @@ class TrainConfig(ScriptConfig):
     eval_problems: int = 256  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560 (256: four sampler calls of --eval-batch 64)
     eval_samples: int = 8  # responses per problem, at --temperature (docs/results.md: the standard errors this gives)
     eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
+    eval_model: bool = False  # also evaluate the configured --model, the table's first column and the start of the stage that starts from it (the toy's base is its pretrain stage)
     # GRPO's batch (and every sampler knob from ScriptConfig)
     prompts_per_step: int = 8  # B: problems per GRPO step
     group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)

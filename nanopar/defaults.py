@@ -42,6 +42,7 @@ REAL_TRAINING = {  # train.py's fields for a real model
     "micro_batch": 4,  # rows per forward/backward at 1,024-token responses
     "eval_samples": 1,  # one response per held-out problem
     "eval_problems": 150,  # 150 of GSM8K test and DAPO's last 150 (kept out of training)
+    "eval_model": True,  # the model before any stage: what the cold start changes
 }
 
 RECIPE_SCHEMAS = {"parallel-r1": "parallel-r1", "npr": "npr"}  # the tags each recipe writes unless --schema says otherwise

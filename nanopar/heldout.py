@@ -3,6 +3,10 @@
 After a training stage the runner evaluates its `final/` on each --eval-data set
 (`evaluation.evaluate`, then `summarize`). The result is kept in `<stage>/eval.json` under a key
 of everything that decides the samples (`HeldOut.key`), and sampled again only when that changes.
+A set whose records carry a reference response (a held-out slice of traces: parallel-gsm8k:heldout)
+also gets the mean log-probability per token of those responses (`reference_logprob`). Every
+evaluation also scores the rewards the run's GRPO stages train on, problem by problem, so a GRPO
+stage's own reward is compared with its start's on the same problems (`reward_change_over_start`).
 `stage_result` gathers one stage's numbers (its steps, reward, time, held-out results and change
 over the stage it started from) as plain data for `show.stage_table`, which never runs a model.
 Not here: the metrics (evaluation.py), the stage loop (runner.py), drawing tables (show.py).
@@ -17,10 +21,12 @@ from dataclasses import dataclass
 
 from .curriculum import Stage, starting_stage
 from .data import read_jsonl
-from .evaluation import evaluate, paired_difference, summarize
+from .evaluation import evaluate, paired_difference, rescore, summarize
 from .policy import Policy
-from .prompts import instructions_named
+from .prompts import build_prompt, instructions_named
+from .rewards import Constant, schedule_from_string
 from .sampler import SamplerSettings
+from .sft import response_loglikelihood
 from .show import progress
 
 
@@ -29,6 +35,10 @@ class HeldOut:
 
     def __init__(self, runner):
         self.runner = runner
+        first = next((s for s in runner.stages if s.kind in ("sft", "grpo")), None)
+        # --eval-model: the configured model, prompted and read as the first training stage will be
+        self.given = Stage("model", "given", "", instructions=first.instructions if first else "none",
+                           mode=first.mode if first else "structured") if runner.config.eval_model else None
 
     def evaluate(self, stage: Stage) -> dict | None:
         """{data spec: evaluation.summarize(...)} of the stage's model, from its eval.json when the
@@ -41,7 +51,8 @@ class HeldOut:
         saved = json.loads(out.read_text()) if out.exists() else {}
         if saved.get("how") == key:
             return saved["results"]
-        model, tokenizer, policy = runner.load(str(runner.folder(stage) / "final"), stage.mode)
+        path = runner.config.model if stage.kind == "given" else str(runner.folder(stage) / "final")
+        model, tokenizer, policy = runner.load(path, stage.mode)
         sampling, results, started = SamplerSettings.from_flags(config), {}, time.perf_counter()
         with progress(runner.console) as bar:
             for spec in inputs.eval_sets():
@@ -50,23 +61,62 @@ class HeldOut:
                 records = evaluate(model, tokenizer, problems, policy, sampling, config.eval_samples,
                                    instructions_named(stage.instructions, spec, runner.schema), config.chat,
                                    config.eval_batch, progress=lambda done, task=task: bar.update(task, completed=done))
-                results[spec] = summarize(records)
+                results[spec] = summarize(records) | held_out_rewards(records, self.rewards())
+                references = [(p, p.extra.get("response")) for p in problems if isinstance(p.extra, dict)]
+                if problems and all(isinstance(response, str) for _, response in references) \
+                        and len(references) == len(problems):  # a set of traces: how likely are they now?
+                    results[spec]["reference_logprob"] = self.reference_logprob(model, tokenizer, policy, references,
+                                                                                stage, spec)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"how": key, "results": results}, indent=1) + "\n")
         runner.log.write({"stage": stage.name, "event": "eval", "seconds": time.perf_counter() - started,
-                          "results": {spec: {k: v for k, v in result.items() if k != "per_problem"}
+                          "results": {spec: {k: v for k, v in result.items() if k not in ("per_problem", "rewards")}
                                       for spec, result in results.items()}})  # eval.json keeps the per-problem ones
         return results
+
+    def reference_logprob(self, model, tokenizer, policy: Policy, references: list, stage: Stage, spec: str) -> float:
+        """The mean log-probability per token of a set's reference responses (held-out traces) under
+        the stage's model, after the prompt the evaluation samples from: read as SFT reads traces."""
+        config, eos = self.runner.config, tokenizer.eos_token_id
+        prompts = [build_prompt(problem, tokenizer, instructions_named(stage.instructions, spec, self.runner.schema),
+                                chat=config.chat) for problem, _ in references]
+        responses = [tokenizer.encode(response, add_special_tokens=False) + [eos] for _, response in references]
+        return response_loglikelihood(model, prompts, responses, policy, tokenizer.pad_token_id or 0,
+                                      config.micro_batch, config.head_read)
 
     def change_over_start(self, stage: Stage) -> dict[str, tuple[float, float]]:
         """{data spec: (accuracy - that of the stage it started from, standard error)}: held-out
         results compared problem by problem (`evaluation.paired_difference`). {} for a stage that
-        starts from the configured --model (it has no evaluation here) or from one not finished."""
-        source = starting_stage(self.runner.stages, stage)
-        if source is None or source.kind == "distill" or not (self.runner.folder(source) / "final").exists():
+        starts from the configured --model without --eval-model, or from one not finished."""
+        source = self.start_of(stage)
+        if source is None:
             return {}
         before, after = self.evaluate(source) or {}, self.evaluate(stage) or {}
         pairs = {spec: paired_difference(before[spec], after[spec]) for spec in after if spec in before}
+        return {spec: pair for spec, pair in pairs.items() if pair is not None}
+
+    def start_of(self, stage: Stage) -> Stage | None:
+        """The evaluated stage `stage` started from: a finished training stage, or the configured
+        --model's (`given`, with --eval-model); None when there is none to compare with."""
+        if stage.kind == "given":
+            return None
+        source = starting_stage(self.runner.stages, stage)
+        if source is None:
+            return self.given
+        if source.kind == "distill" or not (self.runner.folder(source) / "final").exists():
+            return None
+        return source
+
+    def reward_change_over_start(self, stage: Stage) -> dict[str, tuple[float, float]]:
+        """{data spec: (held-out mean of the stage's own reward - that of its start's model, standard
+        error)}, paired problem by problem; {} where the stage has no reward of its own."""
+        source, reward = self.start_of(stage), own_reward(stage)
+        if reward is None or source is None:
+            return {}
+        before, after = self.evaluate(source) or {}, self.evaluate(stage) or {}
+        pairs = {spec: paired_difference({"per_problem": before[spec]["rewards"][reward]},
+                                         {"per_problem": after[spec]["rewards"][reward]})
+                 for spec in after if spec in before and reward in before[spec].get("rewards", {})}
         return {spec: pair for spec, pair in pairs.items() if pair is not None}
 
     def key(self, stage: Stage) -> dict:
@@ -81,7 +131,11 @@ class HeldOut:
                 "instructions": [instructions_named(stage.instructions, spec, schema) for spec in sets],
                 "schema": schema.name,
                 "chat": config.chat, **dataclasses.asdict(SamplerSettings.from_flags(config)), **policy,
-                "mode": stage.mode}
+                "mode": stage.mode, "rewards": self.rewards()}
+
+    def rewards(self) -> list[str]:
+        """The rewards the run's GRPO stages train on (`own_reward`), scored on every evaluation."""
+        return sorted({reward for stage in self.runner.stages if (reward := own_reward(stage))})
 
 
 @dataclass
@@ -94,6 +148,8 @@ class StageResult:
     seconds: float  # training time
     results: dict  # {eval set: evaluation.summarize(...)}; {} when not evaluated
     changes: dict  # {eval set: (accuracy - its start's, standard error)}
+    own_reward: str | None = None  # a GRPO stage's reward spec (None: none, or a schedule)
+    reward_changes: dict = dataclasses.field(default_factory=dict)  # {eval set: (its reward's mean - its start's, SE)}
 
 
 def stage_result(runner, stage: Stage) -> StageResult:
@@ -107,4 +163,30 @@ def stage_result(runner, stage: Stage) -> StageResult:
     return StageResult(sets=sets, steps=steps[-1]["step"] if steps else None,
                        reward=sum(rewards) / len(rewards) if rewards else None,
                        seconds=sum(r["seconds"] for r in rows if r.get("event") == "done"),
-                       results=results, changes=runner.heldout.change_over_start(stage) if results else {})
+                       results=results, changes=runner.heldout.change_over_start(stage) if results else {},
+                       own_reward=own_reward(stage),
+                       reward_changes=runner.heldout.reward_change_over_start(stage) if results else {})
+
+
+def own_reward(stage: Stage) -> str | None:
+    """The reward spec a GRPO stage trains on at every step; None for other stages and for a
+    schedule (alternating, two-phase: no one reward of its own)."""
+    if stage.kind != "grpo":
+        return None
+    schedule = schedule_from_string(stage.reward)
+    return stage.reward if isinstance(schedule, Constant) else None
+
+
+def held_out_rewards(records: list[dict], rewards: list[str]) -> dict:
+    """{"rewards": {reward spec: {problem: mean reward of its samples}}, "reward_means": {spec: mean}}
+    of the evaluated responses, each reward as GRPO scores it (`evaluation.rescore`)."""
+    if not rewards:
+        return {}
+    per_problem: dict[str, dict[str, float]] = {}
+    for reward in rewards:
+        totals: dict[str, list[float]] = {}
+        for record, result in zip(records, rescore(records, reward)):
+            totals.setdefault(f"{record['source']}/{record['id']}", []).append(result.total)
+        per_problem[reward] = {problem: sum(t) / len(t) for problem, t in totals.items()}
+    return {"rewards": per_problem,
+            "reward_means": {reward: sum(m.values()) / len(m) for reward, m in per_problem.items()}}

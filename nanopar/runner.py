@@ -195,6 +195,8 @@ class Runner:
 
     # --- where things are -------------------------------------------------------------------
     def folder(self, stage: Stage) -> Path:
+        if stage.kind == "given":  # the configured --model: its evaluation only
+            return self.out / f"0-{stage.name}"
         return self.out / f"{self.stages.index(stage) + 1}-{stage.name}"
 
     def done(self, stage: Stage) -> bool:

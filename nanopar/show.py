@@ -170,6 +170,7 @@ class Row:
     kind: str  # how metric_cell writes it: "rate", "number", "count" or "shares"
     stage: str = ""  # row name in train.py's table of stages ("" = not there)
     brief: str = ""  # column head in eval.py's line per finished benchmark ("" = not there)
+    optional: bool = False  # train.py's table shows it only where some stage has a value
 
 
 METRIC_ROWS = [  # in the order every table shows them
@@ -178,7 +179,7 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),  # the strict reading
     Row("accuracy_se", "  standard error", "rate", stage="accuracy SE"),  # problems as the unit
     Row("accuracy_flexible", "  flexible reading", "rate", brief="flexible"),  # + "#### N", the last number
-    Row("answers_found", "answers found (strict)", "rate"),
+    Row("answers_found", "answers found (strict)", "rate", stage="answers found"),
     Row("answers_found_flexible", "answers found (flexible)", "rate"),
     Row("pass_at_k", "pass@k", "rate", brief="pass@k"),
     Row("parallel_ratio", "parallel ratio", "rate", stage="parallel ratio", brief="parallel"),
@@ -198,11 +199,15 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("sequential_tokens_per_second", "  sequential, same prompts", "count"),
     Row("speedup", "speedup (x)", "number", brief="speedup"),
     Row("seconds", "seconds", "count"),
+    # sets whose records carry a reference response (parallel-gsm8k:heldout): its mean log-prob per token
+    Row("reference_logprob", "reference log-prob / token", "number", stage="reference log-prob", optional=True),
 ]
 STAGE_ROWS = [row for row in METRIC_ROWS if row.stage]  # train.py's held-out rows, per evaluation set
 # and after "accuracy SE": accuracy minus that of the stage it started from, ± the standard error of
 # the difference taken problem by problem (points; heldout.HeldOut.change_over_start)
 CHANGE_ROW = "vs its start"
+# and after it: a GRPO stage's own reward, its held-out mean (its change over its start's, paired)
+REWARD_ROW = "its reward (vs start)"
 
 
 def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | None = None,
@@ -221,6 +226,9 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
     for _, stage in columns:
         for name, cell in _stage_column(stage).items():
             rows.setdefault(name, []).append(cell)
+    optional = {f"{set_label(spec)}: {row.stage}" for _, stage in columns for spec in stage.sets
+                for row in STAGE_ROWS if row.optional}
+    rows = {name: cells for name, cells in rows.items() if name not in optional or set(cells) != {"-"}}
     last = list(rows)[-1] if rows and extra else None  # the extra rows are a section of their own
     for name, cells in rows.items():
         table.add_row(name, *cells, end_section=name in ("seconds", last))
@@ -233,7 +241,7 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
 
 def _stage_column(stage) -> dict[str, str]:
     """{row name: cell} of one stage: steps, mean reward of its last 5 steps, seconds, then
-    STAGE_ROWS per evaluation set (and CHANGE_ROW after the standard error)."""
+    STAGE_ROWS per evaluation set (and CHANGE_ROW, REWARD_ROW after the standard error)."""
     column = {"steps": "-" if stage.steps is None else str(stage.steps),
               "reward (last 5 steps)": metric_cell(stage.reward, "number"),
               "seconds": f"{stage.seconds:.0f}"}
@@ -245,7 +253,18 @@ def _stage_column(stage) -> dict[str, str]:
                 change = stage.changes.get(spec)
                 column[f"{set_label(spec)}: {CHANGE_ROW}"] = (
                     f"{100 * change[0]:+.1f} ± {100 * change[1]:.1f}" if change else "-")
+                column[f"{set_label(spec)}: {REWARD_ROW}"] = _reward_cell(stage, spec, result)
     return column
+
+
+def _reward_cell(stage, spec: str, result: dict) -> str:
+    """A GRPO stage's own reward, its held-out mean on `spec`, then (its change over the stage it
+    started from ± the standard error, paired); "-" for other stages."""
+    mean = (result.get("reward_means") or {}).get(stage.own_reward) if stage.own_reward else None
+    if mean is None:
+        return "-"
+    change = stage.reward_changes.get(spec)
+    return f"{mean:.2f} ({change[0]:+.2f} ± {change[1]:.2f})" if change else f"{mean:.2f}"
 
 
 def set_label(spec: str) -> str:

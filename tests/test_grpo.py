@@ -15,7 +15,7 @@ from nanopar.grpo import GRPOSettings, Reference, group_advantages, grpo_update,
 from nanopar.optim import make_optimizer
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
-from nanopar.sft import sft_step
+from nanopar.sft import response_loglikelihood, sft_step
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
 
@@ -194,6 +194,10 @@ def test_sft_loss_is_the_mean_cross_entropy_of_response_tokens():
             logits = model(input_ids=ids[None]).logits[0]
             losses += F.cross_entropy(logits[len(prompt) - 1 : -1], ids[len(prompt) :], reduction="none").tolist()
     assert metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5) and metrics["tokens"] == 6
+    # the held-out read of the same traces: minus that mean, with no step (lr 0 left the model as it was)
+    model.train()
+    read = response_loglikelihood(model, prompts, responses, Policy(TAGS, "causal"), PAD, micro_batch=1)
+    assert read == pytest.approx(-sum(losses) / len(losses), rel=1e-5) and model.training
 
 
 def test_grpo_step_is_sample_score_drop_advantages_update(monkeypatch):

@@ -1,6 +1,7 @@
 """train.py end to end on the toy world: stages, checkpoints, resume, Ctrl-C, bad input."""
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -264,11 +265,20 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
         assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
         assert all(r["problems"] == 2 and r["samples"] == 2 and len(r["per_problem"]) == 2 for r in results.values())
     assert not any("per_problem" in result for r in log if r.get("event") == "eval" for result in r["results"].values())
-    table = train.summary(runner, stages)  # STAGE_ROWS and "vs its start" per set
-    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * (len(STAGE_ROWS) + 1)
+    table = train.summary(runner, stages)  # STAGE_ROWS, "vs its start" and "its reward" per set
+    shown = [row for row in STAGE_ROWS if not row.optional]  # the toy's sets hold no reference traces
+    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * (len(shown) + 2)
     rows = list(table.columns[0].cells)
     hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
+    start = json.loads((tmp_path / "3-rl-easy" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"
+    # rl-hard's own reward is `accuracy`, +1 or -1 a response: its held-out mean is 2 x accuracy - 1,
+    # and its change over rl-easy's model twice the accuracy's, problem by problem
+    assert hard["reward_means"]["accuracy"] == pytest.approx(2 * hard["accuracy"] - 1)
+    change = [2 * (hard["per_problem"][k] - start["per_problem"][k]) for k in hard["per_problem"]]
+    assert list(table.columns[4].cells)[rows.index("hard: its reward (vs start)")] == (
+        f"{2 * hard['accuracy'] - 1:.2f} ({sum(change) / 2:+.2f} ± {statistics.stdev(change) / 2 ** 0.5:.2f})")
+    assert list(table.columns[2].cells)[rows.index("hard: its reward (vs start)")] == "-"  # sft trains on no reward
     train.main(args)  # everything done: nothing is trained or evaluated again
     again = read_metrics(tmp_path)
     assert len(again) == len(log)
