@@ -15,13 +15,16 @@ import torch
 
 
 SCHEDULES = ("constant", "cosine")
+TAG_ROWS = "trainable_tokens"  # in the names of peft's tag-row parameters
 FINAL_LR_RATIO = 0.1  # where the cosine ends, as a fraction of the peak
 
 
 def make_optimizer(model, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0, schedule: str = "constant",
-                   total_steps: int = 0):
+                   total_steps: int = 0, tag_lr_scale: float = 1.0):
     """AdamW over the parameters that require grad (LoRA + tag rows, or all), with linear warm-up,
     then a constant rate or a cosine decay that reaches FINAL_LR_RATIO * lr at `total_steps`.
+    The tag rows of a LoRA model (peft's trainable tokens, `model.apply_lora`) learn at
+    `tag_lr_scale` x lr: new tokens start from their pieces' rows and have the most to move.
 
     >>> _, scheduler = make_optimizer(torch.nn.Linear(1, 1), 1.0, warmup_steps=2, schedule="cosine", total_steps=6)
     >>> [round(scheduler.lr_lambdas[0](step), 3) for step in range(7)]
@@ -29,8 +32,12 @@ def make_optimizer(model, lr: float, weight_decay: float = 0.0, warmup_steps: in
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown learning-rate schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    tags = [p for name, p in trainable if TAG_ROWS in name]
+    groups = [{"params": [p for name, p in trainable if TAG_ROWS not in name]}]
+    if tags:
+        groups.append({"params": tags, "lr": lr * tag_lr_scale})
+    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
 
     def factor(step: int) -> float:  # the multiplier of lr at optimiser step `step` (0-based)
         if warmup_steps and step < warmup_steps:

@@ -74,7 +74,8 @@ class Runner:
         model, tokenizer, policy = self.load(str(checkpoint) if checkpoint else self.input_model(stage), stage.mode)
         model.train()
         optimizer, scheduler = make_optimizer(model, stage.lr, config.weight_decay, config.warmup_steps,
-                                              config.sft_schedule if stage.kind == "sft" else "constant", stage.steps)
+                                              config.sft_schedule if stage.kind == "sft" else "constant", stage.steps,
+                                              config.tag_lr_scale)
         step = load_trainer_state(checkpoint, optimizer, scheduler) if checkpoint else 0
         if checkpoint:
             self.log.drop_after(stage.name, step)

@@ -189,6 +189,33 @@ def test_lora_trains_only_the_tag_rows_of_the_embeddings(tied):
     assert changed_out == list(tag_ids.all())
 
 
+def test_the_tag_rows_learn_at_their_own_rate():
+    """make_optimizer's tag_lr_scale: AdamW's first step moves every parameter with a gradient by
+    lr x sign(gradient) (its normalised update, where the gradient is well above Adam's eps), so a LoRA weight moves by lr and a tag row's
+    entry by scale x lr, measured on the weights themselves (no weight decay)."""
+    from nanopar.optim import apply_gradients, make_optimizer
+
+    tokenizer = word_tokenizer()
+    model = tiny_qwen_model(vocab_size=64)
+    model = apply_lora(model, ModelSettings("tiny", lora=True), add_tag_tokens(tokenizer, model))
+    with torch.no_grad():  # LoRA B starts at zero, where A gets no gradient: make both live
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    lr, scale = 1e-3, 10.0
+    optimizer, _ = make_optimizer(model, lr, tag_lr_scale=scale)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    ids = torch.tensor([tokenizer.encode(WORD_TEXT)])
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    apply_gradients(model, optimizer, max_grad_norm=0)
+    for n, p in model.named_parameters():
+        if n in before:
+            moved = (p.detach() - before[n])[grads[n].abs() > 1e-5].abs()  # (Adam's eps bends tinier ones)
+            expected = lr * (scale if "trainable_tokens" in n else 1.0)
+            assert moved.numel() and torch.allclose(moved, torch.full_like(moved, expected), rtol=1e-2), n
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_the_sampler_reads_the_tag_rows_written_in_and_training_finds_them_out_again(tied):
     """`tag_rows_written` (what `sample` runs under): the same logits, peft's per-forward copy of
