@@ -80,7 +80,8 @@ class HeldOut:
         config, eos = self.runner.config, tokenizer.eos_token_id
         prompts = [build_prompt(problem, tokenizer, instructions_named(stage.instructions, spec, self.runner.schema),
                                 chat=config.chat) for problem, _ in references]
-        responses = [tokenizer.encode(response, add_special_tokens=False) + [eos] for _, response in references]
+        responses = [tokenizer.encode(self.runner.inputs.as_trained(response, stage), add_special_tokens=False) + [eos]
+                     for _, response in references]
         return response_loglikelihood(model, prompts, responses, policy, tokenizer.pad_token_id or 0,
                                       config.micro_batch, config.head_read)
 

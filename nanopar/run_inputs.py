@@ -83,11 +83,19 @@ class RunInputs:
 
     def sft_examples(self, stage: Stage, tokenizer) -> list[tuple[list[int], list[int]]]:
         """The traces as (prompt ids, response ids + EOS) pairs; a record that names its own
-        "instructions" (the toy's instruction-following traces) is prompted with them."""
+        "instructions" (the toy's instruction-following traces) is prompted with them. In
+        structured mode a response is first written as the sampler writes it (`TagSchema.as_sampled`:
+        the tags it inserts back to back), so the model learns what it will be fed."""
         eos = tokenizer.eos_token_id
         return [(self.prompt(Problem(str(r.get("id", "")), r["question"], r.get("answer", "")), tokenizer, stage,
                              r.get("instructions")),
-                 tokenizer.encode(r["response"], add_special_tokens=False) + [eos]) for r in self.traces(stage)]
+                 tokenizer.encode(self.as_trained(r["response"], stage), add_special_tokens=False) + [eos])
+                for r in self.traces(stage)]
+
+    def as_trained(self, response: str, stage: Stage) -> str:
+        """A trace's response as a stage trains on it (and reads a held-out one): as the sampler
+        writes it in structured mode, as written in causal mode (the model writes every tag)."""
+        return self.schema.as_sampled(response) if stage.mode == "structured" else response
 
     def prompt(self, problem: Problem, tokenizer, stage: Stage, instructions: str | None = None) -> list[int]:
         """The prompt ids of a problem, with the stage's instructions (or the named ones) as the

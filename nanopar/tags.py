@@ -80,6 +80,24 @@ class TagSchema:
                       ("after", "summary_open"): "summary"}
         return table
 
+    def as_sampled(self, text: str) -> str:
+        r"""`text` with the whitespace taken out from between the tags the structured sampler writes
+        back to back: the fork tag and a branch's opening, a branch's close and the next opening or
+        the merge, the merge tags themselves (<Parallel><Path>, </Path><Path>, </Path></Parallel>,
+        </Parallel><Summary>; NPR's </guideline><step>, </step><step>, </step><takeaway>). A trace
+        laid out with newlines there (Parallel-GSM8K's) then trains the model on what it will be
+        fed; a path's own text, its first and last newline included, is left alone.
+
+        >>> PARALLEL_R1.as_sampled("a <Parallel>\n<Path>\nx\n</Path>\n<Path>y</Path>\n</Parallel>\n<Summary>s</Summary>")
+        'a <Parallel><Path>\nx\n</Path><Path>y</Path></Parallel><Summary>s</Summary>'
+        """
+        merge = [getattr(self, role) for role in self.merge_roles]
+        pairs = [(getattr(self, self.fork_role), self.path_open), (self.path_close, self.path_open),
+                 (self.path_close, merge[0]), *zip(merge, merge[1:])]
+        for before, after in pairs:
+            text = re.sub(rf"(?<={re.escape(before)})\s+(?={re.escape(after)})", "", text)
+        return text
+
     @property
     def fork_role(self) -> str:
         """The tag after which the engine forks (structured mode): <Parallel>, or NPR's </guideline>."""

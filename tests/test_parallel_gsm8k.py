@@ -71,6 +71,36 @@ def test_a_run_on_the_training_name_never_reads_a_heldout_record(tmp_path):
     assert {p.question for p in inputs.eval_problems(HELDOUT)} == heldout
 
 
+def test_a_structured_cold_start_trains_the_tags_as_the_sampler_writes_them(tmp_path, qwen_tokenizer):
+    """The traces put newlines between a block's tags; the structured sampler writes them back to
+    back (it inserts <Path> after <Parallel>, </Parallel><Summary> after the last path). So the
+    structured SFT examples hold, token for token, each inserted tag right after the one that
+    triggers it (in the traces whose gaps there hold only whitespace: all but 2, which write a
+    word before a block's first path, kept as shared text), and nothing else changes: the text
+    with the tags' whitespace removed is the trace's own. A causal stage (the model writes every
+    tag) trains the trace as written."""
+    config = train.resolved_config(["--model", real_model(tmp_path)])[0]
+    stages = recipe(config)
+    inputs = RunInputs(config, stages, PARALLEL_R1, lambda stage: tmp_path / stage.name)
+    ids = {tag: qwen_tokenizer.convert_tokens_to_ids(tag) for tag in LETTER}
+    follows = {ids["<Parallel>"]: {ids["<Path>"]}, ids["</Parallel>"]: {ids["<Summary>"]},
+               ids["</Path>"]: {ids["<Path>"], ids["</Parallel>"]}}
+    examples = inputs.sft_examples(stages[0], qwen_tokenizer)
+    records = inputs.traces(stages[0])
+    assert stages[0].mode == "structured" and len(examples) == len(records) == 300
+    gap = re.compile(r"(?:<Parallel>|</Path>|</Parallel>)(.*?)(?=<Path>|</Parallel>|<Summary>)", re.S)
+    spaced = [not any(g.strip() for g in gap.findall(r["response"])) for r in records]
+    assert sum(spaced) == 298
+    for (_, response), record, only_space in zip(examples, records, spaced):
+        assert not only_space or all(b in follows[a] for a, b in zip(response, response[1:]) if a in follows)
+        text = qwen_tokenizer.decode(response[:-1])  # less EOS
+        squeeze = lambda t: re.sub(r"(</?(?:Parallel|Path|Summary)>)\s+(?=</?(?:Parallel|Path|Summary)>)", r"\1", t)
+        assert squeeze(text) == squeeze(record["response"])
+    causal = [s for s in recipe(train.resolved_config(["--model", real_model(tmp_path), "--mode", "causal"])[0])
+              if s.name == "sft"][0]
+    assert inputs.as_trained(records[0]["response"], causal) == records[0]["response"]
+
+
 TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")
 LETTER = {"<Parallel>": "P", "</Parallel>": "p", "<Path>": "A", "</Path>": "a", "<Summary>": "S", "</Summary>": "s"}
 
