@@ -510,6 +510,44 @@ def test_the_checkpoint_of_a_grpo_step_reloads_to_the_same_logits(real, forked, 
         assert (reloaded(ids).logits - logits).abs().max() <= 1e-6
 
 
+# ---------------------------------------------------------------- a short cold start
+
+COLD_START_STEPS = 2  # SFT steps of 2 traces each: the shortest of Parallel-GSM8K's training ones
+
+
+@pytest.mark.slow
+@ONLY_SMOLLM2  # the cold start of the real-weights run (train.py --preset smollm2)
+def test_a_short_cold_start_on_parallel_gsm8k_raises_the_heldout_traces_log_prob(real):
+    """LoRA + tag rows as the real-weights run trains them (rate 1e-3, tag rows 10x, no prompt,
+    structured, the traces as the sampler writes them): after COLD_START_STEPS steps the mean
+    log-probability per token of the held-out slice's three shortest traces is higher, read the
+    way SFT reads them (`sft.response_loglikelihood`)."""
+    from nanopar.data import load_traces
+    from nanopar.sft import response_loglikelihood, sft_step
+
+    model, tokenizer = load(real.folder, lora=True)  # LoRA B = 0: the model as shipped
+    policy, eos = Policy.for_tokenizer(tokenizer, "structured"), tokenizer.eos_token_id
+
+    def examples(records):
+        return ([build_prompt(r["question"], tokenizer, instructions="") for r in records],
+                [tokenizer.encode(PARALLEL_R1.as_sampled(r["response"]), add_special_tokens=False) + [eos]
+                 for r in records])
+
+    shortest = lambda records, n: sorted(records, key=lambda r: len(r["response"]))[:n]
+    train_prompts, train_responses = examples(shortest(load_traces("parallel-gsm8k"), 2 * COLD_START_STEPS))
+    held_prompts, held_responses = examples(shortest(load_traces("parallel-gsm8k:heldout"), 3))
+    read = lambda: response_loglikelihood(model, held_prompts, held_responses, policy, tokenizer.pad_token_id)
+    before = read()
+    optimizer, _ = make_optimizer(model, lr=1e-3, tag_lr_scale=10.0)
+    started = clock()
+    losses = [sft_step(model, optimizer, train_prompts[2 * k: 2 * k + 2], train_responses[2 * k: 2 * k + 2], policy,
+                       tokenizer.pad_token_id, micro_batch=2)["loss"] for k in range(COLD_START_STEPS)]
+    timed(f"{real.name}: {COLD_START_STEPS} SFT steps", started)
+    after = read()
+    print(f"held-out log-prob per token {before:.3f} -> {after:.3f}; SFT losses {losses}")
+    assert after > before
+
+
 # ---------------------------------------------------------------- can its answers be read?
 
 FOUND_WANTED = 8  # of 10: the strict reading should find most answers of a small instruct model
