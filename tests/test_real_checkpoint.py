@@ -9,8 +9,8 @@ session by nanopar's own GGUF path), every test on the first, a reduced set on t
 What the tiny models cannot show: real tokenizers and a chat template that are not Qwen's, real
 architectures other than Qwen's under LoRA and 4-bit, the tags' rows started from real
 embeddings, the sampler and the trainer agreeing on real weights (float32 and NF4), also past a
-real sliding window, a GRPO step on them, a checkpoint's round trip and whether a small
-instruct model's answers can be read (these two: SmolLM2 only).
+real sliding window, a GRPO step on them, a checkpoint's round trip and a short cold start on
+Parallel-GSM8K raising the held-out traces' log-prob (these two: SmolLM2 only).
 Sampling here forks because a forward hook biases the `<Parallel>` logit at one position (the
 model was never taught the tags); the hook reads `position_ids`, and sits on the model while it
 samples and while the trainer reads what it sampled, so both see the same bias. Timings are
@@ -36,13 +36,12 @@ from nanopar import model as nm
 from nanopar.checkpoint import save_checkpoint
 from nanopar.data import load_problems
 from nanopar.forward import make_batch, trace_logprobs
-from nanopar.grading import extract_answer
 from nanopar.grpo import GRPOSettings, grpo_update, rollout_batch
 from nanopar.layout import sliding_window
 from nanopar.model import GGUF_FOLDER_SUFFIX, GGUF_STAMP, ModelSettings, load_model
 from nanopar.optim import make_optimizer
 from nanopar.policy import Policy
-from nanopar.prompts import build_prompt, instructions_named, stop_ids
+from nanopar.prompts import build_prompt, stop_ids
 from nanopar.rewards import response_text
 from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import NPR, PARALLEL_R1, TagIds
@@ -62,7 +61,8 @@ SAMPLING = SamplerSettings(paths=2, max_new_tokens=24, max_path_tokens=6, max_bl
 # repeats SmolLM2's Llama path with nothing of Gemma's in it: 4-bit (bitsandbytes on the same 7
 # projections), NPR's tags (the same code for 9 tags instead of 6), causal sampling (one causal
 # mask, short of the window), a checkpoint's round trip (peft saves the adapter and the tag rows
-# alike for any model). Gemma's forwards cost ~3x SmolLM2's (a 262,208-row head): every test on
+# alike for any model), reusing a converted folder (the file's stamp, not its architecture).
+# Gemma's forwards cost ~3x SmolLM2's (a 262,208-row head): every test on
 # both took the file from 2 min 30 s to 10 min at load 5 (docs/measurements.md).
 ONLY_SMOLLM2 = pytest.mark.parametrize("real", [SMOLLM2], indirect=True, ids=[SMOLLM2.name])
 
@@ -302,6 +302,7 @@ def test_the_gguf_file_becomes_an_ordinary_folder_with_the_files_own_weights_and
     assert tokenizer.chat_template == (None if template is None else bytes(template.parts[template.data[0]]).decode())
 
 
+@ONLY_SMOLLM2  # the stamp and the reuse are the GGUF path's, whatever the architecture
 def test_load_model_of_the_gguf_path_reuses_the_converted_folder(real):
     before = os.stat(Path(real.folder, "model.safetensors")).st_mtime_ns
     started = clock()
@@ -546,32 +547,3 @@ def test_a_short_cold_start_on_parallel_gsm8k_raises_the_heldout_traces_log_prob
     after = read()
     print(f"held-out log-prob per token {before:.3f} -> {after:.3f}; SFT losses {losses}")
     assert after > before
-
-
-# ---------------------------------------------------------------- can its answers be read?
-
-FOUND_WANTED = 8  # of 10: the strict reading should find most answers of a small instruct model
-
-
-@pytest.mark.slow
-@ONLY_SMOLLM2  # an instruct model's answers
-def test_greedy_answers_to_ten_gsm8k_problems_are_found_by_the_strict_reading(real):
-    """A measurement more than a check: the share of SmolLM2's greedy answers to the first ten
-    shipped GSM8K problems, with eval.py's default prompt ("answer": Qwen's one-line request for a
-    boxed answer), in which `grading.extract_answer` finds an answer (right or wrong). Below
-    FOUND_WANTED the test is marked xfail with the measured count (docs/measurements.md records the
-    counts of this and other prompts). An XPASS means a prompt reaches it. SmolLM2 only: Gemma-3
-    270M is a base model, with no chat template to carry the request for a format."""
-    model, tokenizer = load_model(ModelSettings(real.folder))
-    problems = load_problems("gsm8k")[:10]
-    prompts = [build_prompt(p, tokenizer, instructions_named("answer")) for p in problems]
-    eos = stop_ids(model, tokenizer)
-    started = clock()
-    rollouts = sample(model, prompts, Policy.for_tokenizer(tokenizer, temperature=0), SamplerSettings(max_new_tokens=256), eos)
-    timed("10 GSM8K problems, greedy", started, sum(r.stats.new_tokens for r in rollouts))
-    assert all(r.stats.sampled_tokens > 0 and not r.trace.blocks for r in rollouts)  # plain text, no tags
-    answers = [extract_answer(response_text(r, tokenizer, eos)) for r in rollouts]
-    found = sum(a is not None for a in answers)
-    print(f"strict reading: {found} of 10 found: {answers}; {sum(r.finish == 'length' for r in rollouts)} cut at 256")
-    if found < FOUND_WANTED:
-        pytest.xfail(f"the strict reading found {found} of 10 answers of SmolLM2-135M (wanted {FOUND_WANTED})")

@@ -192,7 +192,7 @@ def test_unknown_reward_lists_the_known_names(registry):
         get_reward("acuracy")
     assert str(error.value) == (
         "unknown reward 'acuracy'; known: accuracy, accuracy_parallel_bonus, accuracy_times_parallel, "
-        "format, npr_format, parallel"
+        "answered, format, npr_format, parallel, valid_parallel"
     )
 
 
