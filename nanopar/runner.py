@@ -188,8 +188,9 @@ class Runner:
         self.console.print(f"{stage.name}: kept {len(kept)} of {len(problems)} problems ({fraction:.1%})")
         if not kept:
             fix = ("give ready traces with --sft-data" if self.config.recipe == "parallel-r1" else
-                   "NPR distils its own traces: raise --distill-tries or --rl-easy-steps (format RL), or run "
-                   "--recipe parallel-r1, whose cold start reads --sft-data")
+                   "NPR distils its own traces, so it needs a model that follows its format some of the time "
+                   "(an instruct model prompted with it): raise --distill-tries or --rl-easy-steps (format RL), "
+                   "or run --recipe parallel-r1, whose cold start reads --sft-data")
             raise NanoparError(f"{stage.name}: no {KEEP[stage.keep]} in {len(problems)} problems; "
                                f"the model cannot write them yet: {fix}")
         write_jsonl(self.folder(stage) / "traces.jsonl", kept)

@@ -512,6 +512,21 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
     assert (out / "5-parallel-rl" / "final").is_dir()
 
 
+def test_an_npr_rejection_that_keeps_nothing_says_what_npr_needs(tmp_path, monkeypatch):
+    """A model that never writes NPR's format (every try rejected): the run stops at the
+    rejection stage with one line that says what NPR needs, and writes no traces file."""
+    monkeypatch.setattr(nanopar.runner, "keep_traces", lambda *args, **kwargs: [])
+    with pytest.raises(NanoparError) as error:
+        train.main(["--out", str(tmp_path), "--recipe", "npr", *SMALL, "--rl-easy-steps", "1",
+                    "--distill-problems", "4", "--eval-problems", "0"])
+    assert one_line(error) == (
+        "rejection: no correct trace in the schema's format in 4 problems; the model cannot write them yet: "
+        "NPR distils its own traces, so it needs a model that follows its format some of the time (an instruct "
+        "model prompted with it): raise --distill-tries or --rl-easy-steps (format RL), or run --recipe "
+        "parallel-r1, whose cold start reads --sft-data")
+    assert not (tmp_path / "3-rejection" / "traces.jsonl").exists()
+
+
 def test_each_schema_runs_with_each_recipe(tmp_path, monkeypatch):
     """--schema crosses the recipes: Parallel-R1's curriculum cold-starts on NPR rounds (the toy
     teacher writes them), and NPR's curriculum runs in Parallel-R1's tags."""
