@@ -62,9 +62,8 @@ class HeldOut:
                                    instructions_named(stage.instructions, spec, runner.schema), config.chat,
                                    config.eval_batch, progress=lambda done, task=task: bar.update(task, completed=done))
                 results[spec] = summarize(records) | held_out_rewards(records, self.rewards())
-                references = [(p, p.extra.get("response")) for p in problems if isinstance(p.extra, dict)]
-                if problems and all(isinstance(response, str) for _, response in references) \
-                        and len(references) == len(problems):  # a set of traces: how likely are they now?
+                references = [(p, (p.extra or {}).get("response")) for p in problems]
+                if problems and all(isinstance(response, str) for _, response in references):  # a set of traces
                     results[spec]["reference_logprob"] = self.reference_logprob(model, tokenizer, policy, references,
                                                                                 stage, spec)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -89,12 +88,7 @@ class HeldOut:
         """{data spec: (accuracy - that of the stage it started from, standard error)}: held-out
         results compared problem by problem (`evaluation.paired_difference`). {} for a stage that
         starts from the configured --model without --eval-model, or from one not finished."""
-        source = self.start_of(stage)
-        if source is None:
-            return {}
-        before, after = self.evaluate(source) or {}, self.evaluate(stage) or {}
-        pairs = {spec: paired_difference(before[spec], after[spec]) for spec in after if spec in before}
-        return {spec: pair for spec, pair in pairs.items() if pair is not None}
+        return self._paired_over_start(stage, lambda result: result)
 
     def start_of(self, stage: Stage) -> Stage | None:
         """The evaluated stage `stage` started from: a finished training stage, or the configured
@@ -111,13 +105,21 @@ class HeldOut:
     def reward_change_over_start(self, stage: Stage) -> dict[str, tuple[float, float]]:
         """{data spec: (held-out mean of the stage's own reward - that of its start's model, standard
         error)}, paired problem by problem; {} where the stage has no reward of its own."""
-        source, reward = self.start_of(stage), own_reward(stage)
-        if reward is None or source is None:
+        reward = own_reward(stage)
+        if reward is None:
+            return {}
+        return self._paired_over_start(stage, lambda result: {"per_problem": result["rewards"][reward]}
+                                       if reward in result.get("rewards", {}) else None)
+
+    def _paired_over_start(self, stage: Stage, read) -> dict[str, tuple[float, float]]:
+        """{data spec: paired_difference(read(its start's result), read(its result))} over the sets
+        both evaluations hold and `read` finds (None: not there)."""
+        source = self.start_of(stage)
+        if source is None:
             return {}
         before, after = self.evaluate(source) or {}, self.evaluate(stage) or {}
-        pairs = {spec: paired_difference({"per_problem": before[spec]["rewards"][reward]},
-                                         {"per_problem": after[spec]["rewards"][reward]})
-                 for spec in after if spec in before and reward in before[spec].get("rewards", {})}
+        pairs = {spec: paired_difference(read(before[spec]), read(after[spec])) for spec in after
+                 if spec in before and read(before[spec]) is not None and read(after[spec]) is not None}
         return {spec: pair for spec, pair in pairs.items() if pair is not None}
 
     def key(self, stage: Stage) -> dict:
