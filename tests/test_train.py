@@ -272,13 +272,30 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     start = json.loads((tmp_path / "3-rl-easy" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"
-    # rl-hard's own reward is `accuracy`, +1 or -1 a response: its held-out mean is 2 x accuracy - 1,
-    # and its change over rl-easy's model twice the accuracy's, problem by problem
-    assert hard["reward_means"]["accuracy"] == pytest.approx(2 * hard["accuracy"] - 1)
-    change = [2 * (hard["per_problem"][k] - start["per_problem"][k]) for k in hard["per_problem"]]
-    assert list(table.columns[4].cells)[rows.index("hard: its reward (vs start)")] == (
-        f"{2 * hard['accuracy'] - 1:.2f} ({sum(change) / 2:+.2f} ± {statistics.stdev(change) / 2 ** 0.5:.2f})")
-    assert list(table.columns[2].cells)[rows.index("hard: its reward (vs start)")] == "-"  # sft trains on no reward
+    # rl-hard's own reward is `format` (SMALL): its cell is the held-out mean of that reward, then the
+    # change over rl-easy's model paired problem by problem, computed here from the two eval.json files
+    assert nanopar.heldout.own_reward(stages[3]) == "format"
+    reward_row = rows.index("hard: its reward (vs start)")
+
+    def reward_cell(after, before):
+        change = [after[k] - before[k] for k in sorted(after)]
+        return f"{statistics.fmean(after.values()):.2f} ({statistics.fmean(change):+.2f} ± " \
+               f"{statistics.stdev(change) / len(change) ** 0.5:.2f})"
+
+    assert hard["reward_means"]["format"] == pytest.approx(statistics.fmean(hard["rewards"]["format"].values()))
+    assert list(table.columns[4].cells)[reward_row] == reward_cell(hard["rewards"]["format"], start["rewards"]["format"])
+    assert list(table.columns[2].cells)[reward_row] == "-"  # sft trains on no reward
+    # the tiny run changes no hard problem's reward: give rl-hard's evaluation known, unequal ones
+    # (its key kept, so the table reads them) and check the paired change's sign and size by hand
+    saved = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())
+    before = start["rewards"]["format"]
+    after = {k: before[k] + shift for k, shift in zip(sorted(before), (1.0, 0.5))}
+    saved["results"]["toy:hard:heldout"]["rewards"]["format"] = after
+    saved["results"]["toy:hard:heldout"]["reward_means"]["format"] = statistics.fmean(after.values())
+    (tmp_path / "4-rl-hard" / "eval.json").write_text(json.dumps(saved))
+    fresh = nanopar.runner.Runner(config, stages)  # (a runner keeps the evaluations it has read)
+    cell = list(train.summary(fresh, stages).columns[4].cells)[reward_row]
+    assert cell == f"{statistics.fmean(after.values()):.2f} (+0.75 ± 0.25)"  # differences 1.0 and 0.5
     train.main(args)  # everything done: nothing is trained or evaluated again
     again = read_metrics(tmp_path)
     assert len(again) == len(log)
