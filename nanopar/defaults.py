@@ -70,15 +70,15 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
 
     training = hasattr(config, "recipe")
     preset = getattr(config, "preset", "")
-    if preset:
-        if preset not in (presets or {}):
-            raise NanoparError(f"unknown preset {preset!r}: use one of {', '.join(presets or {})}")
-        for field, value in presets[preset].items():
-            if field not in given:
-                put(field, value)
+    if preset and preset not in (presets or {}):
+        raise NanoparError(f"unknown preset {preset!r}: use one of {', '.join(presets or {})}")
+    chosen = given | set(presets[preset] if preset else ())  # a preset for a real model outranks its defaults
+    for field, value in (presets[preset] if preset else {}).items():
+        if field not in given:
+            put(field, value)
     if config.model and not built_from_code(config.model):
         for field, value in real_defaults(training).items():
-            if hasattr(config, field) and field not in given:
+            if hasattr(config, field) and field not in chosen:
                 put(field, value)
     if training:
         _resolve_training_placeholders(config, put)

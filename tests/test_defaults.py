@@ -72,6 +72,18 @@ def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_w
     assert "real model: 1e-05" in " ".join(train_help().split())
 
 
+def test_a_preset_for_a_real_model_outranks_its_defaults_and_a_flag_outranks_the_preset():
+    """The smollm2 preset names a real model, whose defaults (REAL_TRAINING: lr 1e-5, ...) must not
+    undo the preset's own values; the defaults still fill what the preset leaves."""
+    preset = train.PRESETS["smollm2"]
+    config, changed = train.resolved_config(["--preset", "smollm2"])
+    assert {field: getattr(config, field) for field in preset} == preset
+    assert preset["lr"] != REAL_TRAINING["lr"] and changed["lr"] == preset["lr"]  # the premise: they differ
+    assert config.lora is True and config.sft_data == "parallel-gsm8k"  # not in the preset: the real defaults'
+    config, _ = train.resolved_config(["--preset", "smollm2", "--lr", "3e-4"])
+    assert config.lr == 3e-4
+
+
 def train_help() -> str:
     import contextlib
     import io
