@@ -54,7 +54,6 @@ class SamplerSettings:
     top_p: float = 1.0  # nucleus sampling; 1.0 = off
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int | None = None  # seeds this call's draws; None = torch's global generator
-    tag_grammar: bool = False  # a lane draws only the tags the reading accepts where it stands (no stray tag), and an EOS in a summary closes it; off: the model's own tags, as the papers sample
 
     def check(self) -> None:
         if not 2 <= self.paths <= MAX_PATHS:
@@ -213,8 +212,7 @@ class _Decoder:
     EOS ends the response (structured, in a path: the path); `max_path_tokens` closes a path with
     an inserted close tag; a spent `max_new_tokens` (counted over all branches) ends the response
     (structured: its open paths are closed); after `max_blocks` blocks the block tag cannot be
-    drawn (`banned`). With `tag_grammar` a tag that would be stray cannot be drawn either, and an
-    EOS sampled in a summary is followed by an inserted summary close (`eos_closes`).
+    drawn (`banned`).
     """
 
     def __init__(self, model, policy: Policy, settings: SamplerSettings, eos: set[int], generator,
@@ -227,9 +225,6 @@ class _Decoder:
         self.dtype = mask_dtype(model)
         self.window = sliding_window(model)  # a sliding window (Gemma-3): masks by layer type
         self.structured = policy.mode == "structured"  # fork and merge; causal decodes plainly
-        states = {state for pair in self.schema.transitions for state in pair[:1]} if self.schema else set()
-        self.stray_ids = {state: [token for token, role in self.tag_names.items()  # what tag_grammar bans
-                                  if not read_tag(state, role, self.schema)[1]] for state in states | {"after"}}
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
@@ -324,11 +319,10 @@ class _Decoder:
         lane.out.add(token, sampled, logprob)
         lane.pending = token
         if token in self.eos and sampled:
-            close = self.eos_closes(lane.state)
-            if close is None:
+            if lane.state != "path" or not self.structured:
                 response.finish = "eos"
                 return False
-            lane.forced.append(close)  # EOS ends the path (or the summary), not the response
+            lane.forced.append(self.tags.path_close)  # EOS ends the path
             return True
         role = self.tag_names.get(token)
         if role is not None:
@@ -406,12 +400,11 @@ class _Decoder:
             return [self.tags.plan_open]
         return [self.tags.plans_close] if response.plans == 0 else []
 
-    # --- budgets and the tag grammar ---------------------------------------------------------------
+    # --- budgets ------------------------------------------------------------------------------
     def banned(self, lanes: list[_Lane], logits: torch.Tensor) -> torch.Tensor | None:
         """[N, V] bool: tags that would break a budget or the schema where a lane stands: the block
         tag in the main chain once `max_blocks` blocks are open ("after": between </Parallel> and
-        <Summary>, where <Parallel> would open a block too), NPR's `plan_bans`, and with
-        `tag_grammar` every tag the reading would take as stray text there."""
+        <Summary>, where <Parallel> would open a block too), and NPR's `plan_bans`."""
         if self.tags is None:
             return None
         cells = []  # (row, token id)
@@ -421,23 +414,12 @@ class _Decoder:
                 cells.append((i, self.tags.block_open))
             elif lane.state == "plans":
                 cells += [(i, token) for token in self.plan_bans(response)]
-            if self.settings.tag_grammar:
-                cells += [(i, token) for token in self.stray_ids[lane.state]]
         if not cells:
             return None
         banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
         rows, ids = zip(*cells)
         banned[list(rows), list(ids)] = True
         return banned
-
-    def eos_closes(self, state: str) -> int | None:
-        """The tag inserted after an EOS sampled in `state`, which then ends that span instead of the
-        response: a path's close (structured), a summary's with `tag_grammar`; None: the response ends."""
-        if self.structured and state == "path":
-            return self.tags.path_close
-        if self.settings.tag_grammar and state == "summary":
-            return self.tags.summary_close
-        return None
 
     def finish(self, response: _Response) -> Rollout:
         """Write out a block still in flight (budget spent: its open paths closed), then the rollout."""

@@ -234,38 +234,6 @@ def test_every_fork_is_paired_with_its_branch_lengths(schema, mode):
         assert sum(not b.paths for r in rollouts for b in r.trace.blocks) >= 40
 
 
-def reading_state(ids, tags) -> str:
-    """Where the reading stands after `ids`: "main", "summary", "path", ... (`trace.read_tag`)."""
-    state, names = "main", tags.names()
-    for token in ids:
-        if token in names:
-            state = read_tag(state, names[token], tags.schema)[0]
-    return state
-
-
-@pytest.mark.parametrize("schema, mode", sorted(TAG_WRITERS), ids=["-".join(key) for key in sorted(TAG_WRITERS)])
-def test_the_tag_grammar_draws_no_stray_tag_closes_a_summary_at_eos_and_records_the_unrestricted_policy(schema, mode):
-    model, tags = TAG_WRITERS[schema, mode](), NPR_TAGS if schema == "npr" else TAGS
-    policy = Policy(tags, mode)
-    runs = {grammar: [r for seed in range(2) for r in sample(
-        model, PROMPTS, policy, SamplerSettings(paths=2, max_new_tokens=70, max_path_tokens=8, max_blocks=3, seed=seed,
-                                                tag_grammar=grammar), eos_ids=[EOS], samples_per_prompt=16)]
-            for grammar in (False, True)}
-    ended_in_summary = {grammar: sum(r.finish == "eos" and reading_state(r.ids[:-1], tags) == "summary" for r in rollouts)
-                        for grammar, rollouts in runs.items()}
-    # the premise, without it: these writers draw stray tags, and EOS inside a summary
-    assert sum(r.stats.stray_tags for r in runs[False]) >= 20 and ended_in_summary[False] >= 1
-    on = runs[True]
-    assert all(r.stats.stray_tags == 0 and not r.trace.stray for r in on)
-    assert ended_in_summary[True] == 0  # an EOS there is followed by the inserted close, and the response goes on
-    closed = [i for r in on for i in range(1, len(r.ids)) if r.ids[i - 1] == EOS and r.ids[i] == tags.summary_close]
-    assert closed and all(not r.sampled[i] for r in on for i in range(1, len(r.ids))
-                          if r.ids[i - 1] == EOS and r.ids[i] == tags.summary_close)
-    # the bans shape which token is drawn, not the log-prob recorded: the trainer reads the same
-    gap, count = trainer_gap(model, policy, on)
-    assert count > 1000 and gap <= 1e-4
-
-
 def test_greedy_output_does_not_depend_on_the_batch():
     model = rule_model()
     settings, greedy = SamplerSettings(max_new_tokens=40, max_path_tokens=6, paths=2), Policy(TAGS, temperature=0)
