@@ -16,11 +16,18 @@ Without torchrun (WORLD_SIZE unset or 1) nothing here starts a process group and
 returns its input untouched: a single process runs exactly the code and numbers it always did.
 This is the one file that imports torch.distributed.
 
+The gradients are summed by an explicit all-reduce in `optim.apply_gradients`, not by wrapping
+the model in DDP: the sampler drives the bare model with its own KV cache, micro-batches would
+need DDP's `no_sync`, and a process whose rollouts were all dropped runs no backward at all,
+which DDP cannot wait out; the cost is a sum that starts after the last backward instead of
+overlapping it (docs/distributed.md).
+
 A collective that fails (another process died, or hung up) becomes a one-line NanoparError on the
 processes still alive, and so does torchrun's SIGTERM (it ends every process when one fails);
 the scripts print it on rank 0 alone. Files are written by rank 0 only, and checkpoints are
-complete or absent (checkpoint.py), so the same command resumes. `seconds_communicating` totals the time spent
-inside collectives (transfer and waiting for the slowest process), for the step metrics.
+complete or absent (checkpoint.py), so the same command resumes. `seconds_communicating` totals
+the time spent inside collectives (transfer and waiting for the slowest process), for the step
+metrics.
 Not here: several model replicas per process, sharding one model over GPUs (FSDP, tensor
 parallelism: verl or TRL for models that do not fit one GPU), several nodes (torchrun's own
 flags do that; nothing here assumes one node except a shared run folder).
@@ -151,21 +158,47 @@ def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
     A gradient that no process computed stays None (AdamW then leaves that parameter and its
     state alone, as a single process would); one that some processes did not compute (a process
     whose rollouts were all dropped) counts as zeros there. One small vote of which gradients
-    exist, then one all-reduce per gradient, launched together."""
+    exist, then the gradients flattened into buckets of at most BUCKET_BYTES (one dtype each) and
+    one all-reduce per bucket: many small collectives cost far more than one large one."""
     if not active():
         return
     exists = all_reduce(torch.tensor([p.grad is not None for p in params], dtype=torch.float32),
                         "the vote on which gradients exist")  # [params] processes that hold each
-    reduced = [p for p, n in zip(params, exists.tolist()) if n > 0]
-    for p in reduced:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+    grads = []
+    for p, holders in zip(params, exists.tolist()):
+        if holders > 0:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
 
     def reduce_all():
-        for handle in [dist.all_reduce(p.grad, async_op=True) for p in reduced]:
-            handle.wait()
+        for bucket in _buckets(grads):
+            flat = torch.cat([g.flatten() for g in bucket])  # [sum of numels]
+            dist.all_reduce(flat)
+            for g, summed in zip(bucket, flat.split([g.numel() for g in bucket])):
+                g.copy_(summed.view_as(g))
 
     _collective("the all-reduce of the gradients", reduce_all)
+
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: a bounded extra copy of the gradients, few collectives
+
+
+def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive gradients grouped by dtype and device, each group under BUCKET_BYTES (a larger
+    gradient alone)."""
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        last = buckets[-1] if buckets else None
+        if last and (last[0].dtype, last[0].device) == (g.dtype, g.device) and size + nbytes <= BUCKET_BYTES:
+            last.append(g)
+            size += nbytes
+        else:
+            buckets.append([g])
+            size = nbytes
+    return buckets
 
 
 def gather(value, what: str = "a gather of every process's results") -> list:

@@ -191,12 +191,30 @@ def bad_step_job(folder: str) -> tuple[str, list[str]]:
     return message, sorted(str(p) for p in Path(folder).rglob("*") if p.is_file())
 
 
+def gradient_job(bucket_bytes: int) -> list:
+    """`all_reduce_gradients` on hand-set gradients, buckets of `bucket_bytes`: a gradient on both
+    processes, one on rank 0 only, one on neither, one in another dtype. -> the gradients after"""
+    both, rank_0, neither = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+    wide = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    both.grad = torch.full((3,), distributed.rank() + 1.0)  # 1 and 2
+    wide.grad = torch.full((2,), distributed.rank() + 0.5, dtype=torch.float64)  # 0.5 and 1.5
+    if distributed.rank() == 0:
+        rank_0.grad = torch.tensor([1.0, 2.0, 3.0])
+    real, distributed.BUCKET_BYTES = distributed.BUCKET_BYTES, bucket_bytes
+    try:
+        distributed.all_reduce_gradients([both, rank_0, neither, wide])
+    finally:
+        distributed.BUCKET_BYTES = real
+    return [both.grad, rank_0.grad, neither.grad, wide.grad]
+
+
 @pytest.fixture(scope="module")
 def two(tmp_path_factory) -> list[dict]:
     """Every job on two processes, once: [{job name: result} of rank 0, of rank 1]."""
     folder = tmp_path_factory.mktemp("two-processes")
     jobs = [(f"grpo {case}", grpo_job, (case,)) for case in GRPO_CASES]
     jobs += [(f"sft {tokens}", sft_job, (tokens,)) for tokens in (0, 300)]
+    jobs += [(f"gradients {size}", gradient_job, (size,)) for size in (12, 2**20)]
     jobs += [("evaluation", evaluation_job, ()), ("bad step", bad_step_job, (str(folder / "run"),))]
     return on_two_processes(jobs, folder)
 
@@ -236,6 +254,16 @@ def test_a_grpo_step_over_two_processes_is_the_step_of_one(two, case):
 def test_an_sft_step_over_two_processes_is_the_step_of_one(two, tokens):
     one = one_thread(sft_job, tokens)
     assert_same_step(one, [two[rank][f"sft {tokens}"] for rank in range(2)], ("loss", "grad_norm", "tokens"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [12, 2**20], ids=["a bucket per gradient", "one bucket per dtype"])
+def test_gradients_are_summed_over_the_processes_and_one_that_none_computed_stays_none(two, size):
+    for rank in range(2):
+        both, rank_0, neither, wide = two[rank][f"gradients {size}"]
+        assert both.tolist() == [3.0] * 3 and rank_0.tolist() == [1.0, 2.0, 3.0]  # rank 1 counted zeros
+        assert neither is None  # AdamW leaves it and its state alone, as one process would
+        assert wide.dtype == torch.float64 and wide.tolist() == [2.0, 2.0]
 
 
 @pytest.mark.slow
