@@ -179,6 +179,24 @@ def evaluation_job() -> list[dict]:
     return records
 
 
+def eval_script_job(out: str) -> tuple[dict, str]:
+    """eval.py on the shipped base: 5 held-out problems x 2 samples, 2 per sampler call.
+    -> (its summary, its --out folder)"""
+    import eval as eval_script
+
+    return eval_script.main(["--model", SHIPPED_BASES["parallel-r1"], "--mode", "causal", "--benchmarks",
+                             "toy:easy:heldout", "--limit", "5", "--samples", "2", "--batch-size", "2",
+                             "--max-new-tokens", "80", "--speedup-batches", "0", "--out", out]), out
+
+
+def without_timings(record: dict) -> dict:
+    """An eval.py record or benchmark summary less what the clock decides."""
+    record = {k: v for k, v in record.items() if k not in ("seconds", "tokens_per_second")}
+    if "stats" in record:
+        record["stats"] = {k: v for k, v in record["stats"].items() if k != "wall_time"}
+    return record
+
+
 def bad_step_job(folder: str) -> tuple[str, list[str]]:
     """train.main with --prompts-per-step 3 on 2 processes. -> (its error, the files under `folder`)"""
     import train
@@ -215,6 +233,7 @@ def two(tmp_path_factory) -> list[dict]:
     jobs = [(f"grpo {case}", grpo_job, (case,)) for case in GRPO_CASES]
     jobs += [(f"sft {tokens}", sft_job, (tokens,)) for tokens in (0, 300)]
     jobs += [(f"gradients {size}", gradient_job, (size,)) for size in (12, 2**20)]
+    jobs += [("eval.py", eval_script_job, (str(folder / "eval"),))]
     jobs += [("evaluation", evaluation_job, ()), ("bad step", bad_step_job, (str(folder / "run"),))]
     return on_two_processes(jobs, folder)
 
@@ -279,6 +298,20 @@ def test_a_sharded_evaluation_returns_every_problem_once_and_the_records_of_one_
 
 
 @pytest.mark.slow
+def test_eval_py_over_two_processes_writes_the_samples_and_summary_of_one(two, tmp_path):
+    from nanopar.data import read_jsonl
+
+    one, _ = one_thread(eval_script_job, str(tmp_path))
+    out = Path(two[0]["eval.py"][1])  # both processes were given it; rank 0 writes
+    written = [without_timings(r) for r in read_jsonl(out / "samples.jsonl")]
+    assert written == [without_timings(r) for r in read_jsonl(tmp_path / "samples.jsonl")] and len(written) == 10
+    assert json.loads((out / "summary.json").read_text())["benchmarks"].keys() == {"toy:easy:heldout"}
+    for rank in range(2):
+        got = two[rank]["eval.py"][0]["benchmarks"]["toy:easy:heldout"]
+        assert without_timings(got) == without_timings(one["benchmarks"]["toy:easy:heldout"])
+
+
+@pytest.mark.slow
 def test_a_step_that_does_not_split_over_the_processes_is_a_one_line_error_before_anything_is_written(two):
     for rank in range(2):
         message, files = two[rank]["bad step"]
@@ -302,6 +335,14 @@ def test_each_process_samples_from_its_own_seed_stream_and_rank_0_from_the_singl
         monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
         seeds.append(runner.sampling_seed(stage, 3))
     assert seeds[0] == single and len(set(seeds)) == 4
+
+
+def test_sample_py_says_it_is_single_process_under_torchrun(monkeypatch):
+    import sample
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun tells each of 2 processes
+    with pytest.raises(NanoparError, match="sample.py is single-process: run it with python, not torchrun"):
+        sample.main(["--model", "toy:model", "--prompt", "numbers 3 4 5 target 17"])
 
 
 def test_a_single_process_starts_no_group_and_every_helper_returns_its_input():
