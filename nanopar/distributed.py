@@ -61,7 +61,11 @@ def init(device: str = "auto") -> None:
         return
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" now means this process's GPU
+        local, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local >= gpus:
+            raise NanoparError(f"process {local} of this node needs a GPU of its own and torch sees {gpus}: "
+                               f"give --nproc_per_node {gpus} or fewer (or --device cpu)")
+        torch.cuda.set_device(local)  # "cuda" now means this process's GPU
     dist.init_process_group("nccl" if cuda else "gloo")
     signal.signal(signal.SIGTERM, _stopped_by_the_launcher)
 

@@ -345,6 +345,14 @@ def test_sample_py_says_it_is_single_process_under_torchrun(monkeypatch):
         sample.main(["--model", "toy:model", "--prompt", "numbers 3 4 5 target 17"])
 
 
+def test_more_processes_than_gpus_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", str(torch.cuda.device_count()))  # one past the last GPU (none on a CPU)
+    with pytest.raises(NanoparError, match=r"needs a GPU of its own and torch sees \d+: give --nproc_per_node"):
+        distributed.init("cuda")
+    assert not distributed.active()
+
+
 def test_a_single_process_starts_no_group_and_every_helper_returns_its_input():
     assert not distributed.active() and distributed.world_size() == 1 and distributed.is_main()
     t = torch.tensor([1.0, 2.0])
