@@ -6,9 +6,9 @@ of everything that decides the samples (`HeldOut.key`), and sampled again only w
 Under torchrun the sampler calls are shared out over the processes (`evaluation.evaluate`: the
 same records as one process makes) and rank 0 writes eval.json. A set whose records carry a
 reference response (a held-out slice of traces: parallel-gsm8k:heldout) also gets the mean
-log-probability per token of those responses (`reference_logprob`). Every
-evaluation also scores the rewards the run's GRPO stages train on, problem by problem, so a GRPO
-stage's own reward is compared with its start's on the same problems (`reward_change_over_start`).
+log-probability per token of those responses (`reference_logprob`). Every evaluation also
+scores the rewards the run's GRPO stages train on, problem by problem, so a GRPO stage's own
+reward is compared with its start's on the same problems (`reward_change_over_start`).
 `stage_result` gathers one stage's numbers (its steps, reward, time, held-out results and change
 over the stage it started from) as plain data for `show.stage_table`, which never runs a model.
 Not here: the metrics (evaluation.py), the stage loop (runner.py), drawing tables (show.py).

@@ -2,9 +2,9 @@
 
 `apply_gradients` sums the gradients over the processes under torchrun (distributed.py), clips
 the gradient norm, skips the step when the norm is not finite (a NaN from one bad batch must not
-poison the adapter), and clears the gradients. The learning rate: a
-linear warm-up, then constant (RL) or a cosine decay to 10% at the stage's last step (SFT from
-scratch or onto new tags learns much more per step with it).
+poison the adapter), and clears the gradients. The learning rate: a linear warm-up, then
+constant (RL) or a cosine decay to 10% at the stage's last step (SFT from scratch or onto new
+tags learns much more per step with it).
 Not here: other schedules, other optimisers.
 """
 
