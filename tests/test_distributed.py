@@ -6,9 +6,13 @@ one process doing all of the work.
   (drop, then batch-level std over both processes), a token budget per micro-batch, and a step in
   which one process keeps nothing. SGD and no clipping, so a gradient off by any factor shows
   (AdamW's first step would hide a scale).
-- A sharded evaluation returns every (problem, sample) once, the records and summary of one process.
-- A step that does not split over the processes, and processes started with different flags, stop
-  with one line from rank 0 and nothing written.
+- The gradient sum itself: hand-set gradients, one bucket per gradient and one per dtype, and a
+  gradient no process computed stays None.
+- A sharded evaluation (and eval.py) returns every (problem, sample) once, the records and
+  summary of one process.
+- A step that does not split over the processes is a one-line error before anything is written;
+  processes started with different flags stop with one line from rank 0, the other silent; more
+  processes than GPUs, and sample.py under torchrun, are one-line errors.
 - `torchrun --nproc_per_node 2 train.py` end to end: one metrics line per step, and a run whose
   rank 1 is killed (SIGKILL) says so in one line, leaves only complete checkpoints, and the same
   command resumes it to the weights of the uninterrupted run.
