@@ -7,6 +7,7 @@
     python eval.py --model toy:model --benchmarks toy:easy:heldout,gsm8k --limit 8   # machinery only
     python eval.py --compare runs/eval-a/summary.json runs/eval-b/summary.json
     python eval.py --rescore runs/eval/samples.jsonl --reward accuracy:1,format:0.2 [--reward-file f.py]
+    torchrun --nproc_per_node 8 eval.py --model ... --benchmarks gsm8k   # sampler calls shared over 8 GPUs
 
 Defaults: the model the README's first command trains (`runs/default/4-rl-hard/final`) on the toy
 world's held-out problems (all 560 easy and 560 hard, never drawn in training), 4 samples each,
@@ -30,7 +31,10 @@ Writes to --out: config.json (this config), samples.jsonl (one record per proble
 tagged with its benchmark: prompt, response, grade, structure, the rollout; rewritten after each
 benchmark) and summary.json (the metrics). --rescore grades saved responses again with any reward
 spec, no model needed, and prints the reward's distribution and its correlation with correctness.
-Left out: majority voting (maj@k), LLM judges, confidence intervals, multi-GPU.
+Under torchrun each process loads the model and makes every N-th sampler call of a benchmark
+(`evaluation.evaluate`: the same records as one process makes); rank 0 times the speedup, writes
+the files and prints. Left out: majority voting (maj@k), LLM judges, confidence intervals, a model
+sharded over GPUs.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nanopar import NanoparError
+from nanopar import NanoparError, distributed
 from nanopar.config import ScriptConfig, parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.defaults import real_defaults, resolve
@@ -92,7 +96,9 @@ class EvalConfig(ScriptConfig):
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     config = parse_config(EvalConfig, argv, description=__doc__.split("\n")[0], real_defaults=real_defaults())
-    console = Console()
+    distributed.init(config.device)  # under torchrun: join the other processes (a single process: nothing)
+    distributed.check_same_config(config)
+    console = distributed.console()  # prints on rank 0 only
     if config.compare:
         return compare(config.compare, console)
     if config.reward_file:
@@ -126,7 +132,8 @@ def run(config: EvalConfig, console: Console) -> dict:
                                                 load_in_4bit=config.load_in_4bit), schema)
     policy = Policy.for_tokenizer(tokenizer, config.mode, config.temperature, config.path_stride, schema)
     out = Path(config.out)
-    save_config(config, out)
+    if distributed.is_main():  # under torchrun rank 0 writes the files
+        save_config(config, out)
     summary = {"model": config.model, "schema": schema.name, "mode": config.mode, "samples_per_problem": config.samples, "benchmarks": {}}
     records: list[dict] = []
     started = time.perf_counter()
@@ -142,8 +149,9 @@ def run(config: EvalConfig, console: Console) -> dict:
             summary["benchmarks"][name] = metrics | {"seconds": time.perf_counter() - began}
             summary["average"] = average(summary["benchmarks"])
             records += [{"benchmark": name, **r} for r in found]
-            write_jsonl(out / "samples.jsonl", records)
-            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            if distributed.is_main():
+                write_jsonl(out / "samples.jsonl", records)
+                (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             flexible = metrics["accuracy_flexible"]
             bar.update(task, description=f"{name} mean@{config.samples} {metrics['accuracy']:.1%}"
                        + ("" if flexible is None else f" (flexible {flexible:.1%})"))
@@ -169,7 +177,7 @@ def speed(records, model, tokenizer, problems, policy, settings, instructions: s
     forked in those calls (no block of two or more branches, or causal mode) the two decodes are
     the same work: no speedup (None, shown "-"), and nothing is decoded again."""
     metrics = {"tokens_per_second": decode_rate(records)["tokens_per_second"]}
-    if config.speedup_batches:
+    if config.speedup_batches and distributed.is_main():  # under torchrun rank 0 times it alone
         metrics |= {"speedup_batches": config.speedup_batches, "parallel_tokens_per_second": None,
                     "sequential_tokens_per_second": None, "speedup": None}
         if not forked(records, config.speedup_batches, policy.mode):
@@ -324,5 +332,7 @@ def rescore_file(path: str, spec: str, console: Console) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except NanoparError as error:
-        sys.exit(f"error: {error}")
+    except NanoparError as error:  # under torchrun rank 0 says it once; the others stop with status 1
+        sys.exit(f"error: {error}" if distributed.is_main() else 1)
+    finally:
+        distributed.close()

@@ -8,7 +8,8 @@ The model is a hub id, a local model folder, or a nanopar checkpoint (a folder w
 adapter and its tokenizer). Prompts come from --prompt or a file: plain text (one prompt per
 line) or JSON Lines with a "question", "problem" or "prompt" field, or a shipped benchmark name
 (gsm8k, math500, aime24, ...). Every sampler knob of
-`nanopar.sampler.SamplerSettings` is a flag. Not here: grading answers (eval.py).
+`nanopar.sampler.SamplerSettings` is a flag. Not here: grading answers (eval.py), several
+processes (it is single-process: torchrun shards train.py and eval.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from nanopar import NanoparError
+from nanopar import NanoparError, distributed
 from nanopar.config import ScriptConfig, parse_config
 from nanopar.data import load_problems
 from nanopar.defaults import real_defaults, resolve
@@ -47,6 +48,9 @@ class SampleConfig(ScriptConfig):
 def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     config = parse_config(SampleConfig, argv, description=__doc__.split("\n")[0], real_defaults=real_defaults())
+    if distributed.launched_world_size() > 1:
+        raise NanoparError("sample.py is single-process: run it with python, not torchrun (train.py and eval.py "
+                           "share their work over processes)")
     if not config.model:
         raise NanoparError("--model is required (hub id, local folder or nanopar checkpoint)")
     resolve(config, argv)  # a real model's budgets and K, the checkpoint's schema
@@ -87,5 +91,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
 if __name__ == "__main__":
     try:
         main()
-    except NanoparError as error:
-        sys.exit(f"error: {error}")
+    except NanoparError as error:  # under torchrun rank 0 says it once; the others stop with status 1
+        sys.exit(f"error: {error}" if distributed.is_main() else 1)

@@ -9,6 +9,7 @@
     python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
     python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (ablations.py)
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
+    torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit   # 8 GPUs, data-parallel
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
 with the shared layout, checkpoints every --checkpoint-every steps and on Ctrl-C; running the
@@ -17,7 +18,10 @@ model not built from code: no pretraining, GSM8K then DAPO, the parallel prompt,
 real answers) and the "auto" placeholders, and says what it changed. Metrics go to
 <out>/metrics.jsonl, one line per step. After each training stage its model is evaluated on
 --eval-data (<stage>/eval.json), and the run ends with a table of every stage side by side.
-What it leaves out: multi-GPU, vLLM, the full benchmark report with pass@k and speedup (eval.py).
+Under torchrun every stage is data-parallel (nanopar/distributed.py: each process a replica of
+the model and a share of each step, rank 0 writes and prints; docs/distributed.md).
+What it leaves out: a model sharded over GPUs (FSDP), vLLM, the full benchmark report with pass@k
+and speedup (eval.py).
 """
 
 from __future__ import annotations
@@ -26,11 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 import ablations
-from nanopar import NanoparError
+from nanopar import NanoparError, distributed
 from nanopar.config import parse_config
 from nanopar.curriculum import TrainConfig
 from nanopar.defaults import real_defaults, resolve
@@ -80,7 +83,9 @@ def resolved_config(argv: list[str]) -> tuple[TrainConfig, dict]:
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
     config, resolved = resolved_config(argv)
-    console = Console()
+    distributed.init(config.device)  # under torchrun: join the other processes (a single process: nothing)
+    distributed.check_same_config(config)
+    console = distributed.console()  # prints on rank 0 only
     if resolved:
         console.print(f"[dim]defaults resolved: {', '.join(f'{k}={v}' for k, v in resolved.items())} "
                       "(nanopar/defaults.py; config.json has every value)[/]", highlight=False)
@@ -103,7 +108,9 @@ def main(argv: list[str] | None = None) -> Path:
     for stage in chosen:  # folder numbers depend on the recipe: say where each model is
         if stage.kind != "distill":
             console.print(f"{stage.name}: {runner.folder(stage) / 'final'}")
-    png = plot_metrics(runner.out / "metrics.jsonl", runner.out / "metrics.png")
+    png = runner.out / "metrics.png"
+    if distributed.is_main():
+        plot_metrics(runner.out / "metrics.jsonl", png)
     console.print(f"{time.perf_counter() - started:.0f} s; metrics in {runner.out / 'metrics.jsonl'}, plot {png}")
     return runner.out
 
@@ -111,5 +118,7 @@ def main(argv: list[str] | None = None) -> Path:
 if __name__ == "__main__":
     try:
         main()
-    except NanoparError as error:
-        sys.exit(f"error: {error}")
+    except NanoparError as error:  # under torchrun rank 0 says it once; the others stop with status 1
+        sys.exit(f"error: {error}" if distributed.is_main() else 1)
+    finally:
+        distributed.close()

@@ -15,6 +15,7 @@ Reading order, from the trace to the run (the README's file tree says one line p
   curriculum.py  the stage recipes (distill.py: a stage that samples and keeps the traces worth training on)
   defaults.py  `resolve`: the one road from flags to a run's values (preset, real model, placeholders)
   runner.py    the stage loop (run_inputs.py: what a run reads; heldout.py: held-out evaluation)
+  distributed.py  several processes under torchrun: shares of a step, sums over processes, rank 0 writes
   evaluation.py, show.py   sampling + grading + summaries; trees and tables
   toy/         the toy world: a task, a programmatic teacher, a tokenizer and model small enough for a CPU
 Not here: the scripts (train.py, eval.py, sample.py, ablations.py) and the benchmarks (bench/).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import NanoparError
+from . import NanoparError, distributed
 from .data import Problem
 from .format import check_structured
 from .policy import Policy
@@ -44,13 +44,15 @@ def keep_traces(model, tokenizer, policy: Policy, problems: list[Problem], promp
     """Sample `tries` responses per problem, `chunk` problems per sampler call (call i starting at
     problem `start` uses `settings_of(start)`), and keep per problem the first response the filter
     `keep` (a `KEEP` name) keeps, as an SFT record (id, question, answer, response).
-    `done(problems seen, kept)` after each call, for a progress bar."""
+    `done(problems seen, kept)` after each call, for a progress bar. Under torchrun the calls are
+    dealt round-robin to the processes and the kept records gathered in call order on every one."""
     if keep not in KEEP:
         raise NanoparError(f"unknown distill filter {keep!r}: use one of {', '.join(KEEP)}")
-    kept = []
-    for start in range(0, len(problems), chunk):
+    mine = []  # the kept records of each call this process makes: under torchrun every N-th, else all
+    for start in distributed.share(list(range(0, len(problems), chunk))):
         batch = problems[start : start + chunk]
         rollouts = sample(model, [prompt_of(p) for p in batch], policy, settings_of(start), eos, tries)
+        kept = []
         for k, problem in enumerate(batch):
             for rollout in rollouts[k * tries : (k + 1) * tries]:
                 text = response_text(rollout, tokenizer, eos)
@@ -58,6 +60,7 @@ def keep_traces(model, tokenizer, policy: Policy, problems: list[Problem], promp
                     kept.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
                                  "response": text})
                     break
+        mine.append(kept)
         if done is not None:
-            done(start + len(batch), len(kept))
-    return kept
+            done(start + len(batch), sum(map(len, mine)))
+    return [record for call in distributed.unshare(mine, "the gather of the kept traces") for record in call]

@@ -25,7 +25,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from . import NanoparError
+from . import NanoparError, distributed
 from .data import Problem
 from .format import check_format
 from .grading import grade, has_flexible_reading
@@ -52,7 +52,10 @@ def evaluate(
     progress: Callable[[int], None] | None = None,  # called after each call with the problems done so far
 ) -> list[dict]:
     """Sample `samples` responses to every problem and grade them: one record per (problem, sample),
-    problem-major. Sampler call b is seeded with `settings.seed + b` (None stays None).
+    problem-major. Sampler call b is seeded with `settings.seed + b` (None stays None). Under
+    torchrun the calls are dealt round-robin to the processes and their records gathered on every
+    one in call order: the same records as one process makes (each call samples the same problems
+    with the same seed), every process must call it.
 
     A rich progress bar plugs in as `progress=lambda done: bar.update(task, completed=done)`.
     """
@@ -60,16 +63,18 @@ def evaluate(
         raise NanoparError(f"samples and batch size must be >= 1, got {samples} and {batch_size}")
     settings.check()
     eos = stop_ids(model, tokenizer)
-    records = []
-    for batch, start in enumerate(range(0, len(problems), batch_size)):
+    calls = list(enumerate(range(0, len(problems), batch_size)))  # (call b, its first problem)
+    mine = []  # the records of each call this process makes: under torchrun every N-th, else all
+    for batch, start in distributed.share(calls):
         chunk = problems[start : start + batch_size]
         prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in chunk]
         rollouts = sample(model, prompts, policy, _seeded(settings, batch), eos, samples)
-        for i, rollout in enumerate(rollouts):  # prompt-major: sample i % samples of problem i // samples
-            records.append(sample_record(rollout, chunk[i // samples], i % samples, tokenizer, eos) | {"batch": batch})
+        # prompt-major: sample i % samples of problem i // samples
+        mine.append([sample_record(rollout, chunk[i // samples], i % samples, tokenizer, eos) | {"batch": batch}
+                     for i, rollout in enumerate(rollouts)])
         if progress is not None:
             progress(start + len(chunk))
-    return records
+    return [record for call in distributed.unshare(mine, "the gather of the evaluation's records") for record in call]
 
 
 def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_ids: list[int]) -> dict:

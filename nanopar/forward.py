@@ -91,7 +91,7 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], weights: li
     """Right-pad prompt + response rows; `weights[i][j]` is the loss weight of response token j,
     `recorded[i][j]` (optional) the log-prob the sampler recorded for it."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    B, T = len(lengths), max(lengths)
+    B, T = len(lengths), max(lengths, default=1)  # no rows: a process under torchrun that kept none
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     real = torch.zeros(B, T, dtype=torch.long)
     target, logged = torch.zeros(B, T - 1), torch.zeros(B, T - 1)

@@ -25,7 +25,11 @@
     advantages, so means and stds are over the kept rollouts only; a well-formed sequential
     rollout is kept, as NPR's released code keeps it;
   - gradient accumulation over micro-batches (a number of rows, or rows packed under a token
-    budget), gradient-norm clipping, a non-finite step skipped.
+    budget), gradient-norm clipping, a non-finite step skipped;
+  - under torchrun (distributed.py) each process samples and scores its share of the prompts,
+    whole groups, so group advantages stay on one process; PAPO's batch std, the sampled-token
+    count the loss divides by and the gradients are summed over the processes, so the step is
+    the one a single process would take on every prompt (the step's metrics too).
 Not here: how the sampler or a reward works (sampler.py, rewards.py), the optimiser's
 construction (optim.py), which problems a step takes, logging and checkpoints (runner.py).
 """
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import NanoparError
+from . import NanoparError, distributed
 from .data import Problem
 from .forward import TokenBatch, head_read_for, make_batch, micro_batches, trace_logprobs
 from .metrics import rollout_metrics
@@ -85,8 +89,11 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     # every kept advantage 0 and no KL term: the loss and its gradient are 0, so skip the forward and
     # backward (the scheduler still steps, so the learning-rate schedule keeps its place)
     signal = bool(advantages[keep].ne(0).any()) or (reference is not None and settings.kl_beta > 0)
+    # under torchrun every process updates if any has something to learn (the gradients are summed
+    # over all of them), a process that kept nothing with zeros; in one process: keep and signal
+    learn = distributed.any_rank(bool(keep) and signal, "the vote on whether the step learns")
     update = {}
-    if keep and signal:
+    if learn:
         update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
                              tokenizer.pad_token_id or 0, reference, scheduler)
     elif scheduler is not None:
@@ -94,14 +101,27 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             scheduler.step()
     trained = time.perf_counter()
-    tokens = sum(r.stats.new_tokens for r in rollouts)
-    return rollouts, rollout_metrics(rollouts, results, G) | update | {
-        "reward_spec": reward, "dropped_invalid": len(rollouts) - len(keep),
-        "skipped_no_signal": not (keep and signal),  # no update: nothing kept, or every advantage 0
+    every_rollout, every_result = whole_step(rollouts, results, G)  # the step's numbers: every process's rollouts
+    tokens = sum(r.stats.new_tokens for r in every_rollout)  # under torchrun: over rank 0's sampling time
+    return rollouts, rollout_metrics(every_rollout, every_result, G) | update | {
+        "reward_spec": reward, "dropped_invalid": sum(settings.drop_invalid and not res.layout_ok for res in every_result),
+        "skipped_no_signal": not learn,  # no update: nothing kept, or every advantage 0
         "sample_seconds": sampled - started, "train_seconds": trained - sampled,
         "tokens_per_second": tokens / max(sampled - started, 1e-9),
-        "kv_cache_mb": max(r.stats.peak_cache_bytes for r in rollouts) / 2**20,  # the sampler's batched cache
+        "kv_cache_mb": max(r.stats.peak_cache_bytes for r in every_rollout) / 2**20,  # the sampler's batched cache
     }
+
+
+def whole_step(rollouts: list[Rollout], results: list, group_size: int) -> tuple[list[Rollout], list]:
+    """The step's rollouts and their reward results: under torchrun every process's, gathered group
+    by group in the order of the step's prompts (`distributed.share` dealt them); in one process
+    its own, untouched."""
+    if not distributed.active():
+        return rollouts, results
+    pairs = list(zip(rollouts, results))
+    groups = [pairs[j: j + group_size] for j in range(0, len(pairs), group_size)]  # one per prompt
+    everyone = [pair for group in distributed.unshare(groups, "the gather of the step's rollouts") for pair in group]
+    return [rollout for rollout, _ in everyone], [result for _, result in everyone]
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore", kept: torch.Tensor | None = None,
@@ -136,9 +156,22 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
     if kind == "zscore":
         std = (centred.square().sum(-1, keepdim=True) / members).sqrt()  # [P, 1]
     else:  # batch
-        survivors = rewards[kept]  # [n]
-        std = survivors.std(unbiased=False) if survivors.numel() else rewards.new_zeros(())  # []
+        std = batch_std(rewards[kept])  # []
     return (centred / (std + eps)).flatten()
+
+
+def batch_std(survivors: torch.Tensor) -> torch.Tensor:
+    """The population std of a step's kept rewards [n] -> [] (0 for none). Under torchrun the step's
+    rewards are spread over the processes: its std comes from their all-reduced count and sum
+    (the mean), then their all-reduced squared deviations from that mean, in float64."""
+    if distributed.world_size() == 1:
+        return survivors.std(unbiased=False) if survivors.numel() else survivors.new_zeros(())
+    count, total = distributed.all_reduce(torch.tensor([survivors.numel(), survivors.double().sum()],
+                                                       dtype=torch.float64), "the count and sum of the step's rewards").tolist()
+    mean = total / max(count, 1)
+    squares = distributed.sum_over_ranks((survivors.double() - mean).square().sum().item(),
+                                         "the spread of the step's rewards")
+    return survivors.new_tensor((squares / count) ** 0.5 if count else 0.0)
 
 
 def rollout_batch(rollouts, pad_id: int, device="cpu") -> TokenBatch:
@@ -196,7 +229,8 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
     device = next(model.parameters()).device
     batch = rollout_batch(rollouts, pad_id, device)
     advantages = advantages.to(device)  # [N]
-    total = batch.target_mask.sum().clamp(min=1)  # sampled tokens in the whole batch
+    # sampled tokens in the whole batch: of every process's under torchrun (one may hold none)
+    total = distributed.all_reduce(batch.target_mask.sum(), "the count of the step's tokens").clamp(min=1)
     groups = micro_batches(batch.lengths(), settings.micro_batch, settings.micro_batch_tokens)
     micros = [batch.rows(rows) for rows in groups]
     model.train()
@@ -222,8 +256,8 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
             entropy_sum += (entropy * micro.target_mask).sum().item()
             if update == 0:  # how far the trainer's reading is from the sampler's log-probs (~0 on-policy in fp32)
                 gap += ((before - micro.recorded) * micro.target_mask).abs().sum().item()
-        norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler)
-        metrics = {"loss": loss_sum, "grad_norm": norm, "skipped_step": skipped,
-                   "entropy": entropy_sum / total.item()}
-    metrics["logprob_gap"] = gap / total.item()
+        norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler)  # summed over processes
+        metrics = {"loss": distributed.sum_over_ranks(loss_sum), "grad_norm": norm, "skipped_step": skipped,
+                   "entropy": distributed.sum_over_ranks(entropy_sum) / total.item()}
+    metrics["logprob_gap"] = distributed.sum_over_ranks(gap) / total.item()
     return metrics

@@ -3,10 +3,12 @@
 After a training stage the runner evaluates its `final/` on each --eval-data set
 (`evaluation.evaluate`, then `summarize`). The result is kept in `<stage>/eval.json` under a key
 of everything that decides the samples (`HeldOut.key`), and sampled again only when that changes.
-A set whose records carry a reference response (a held-out slice of traces: parallel-gsm8k:heldout)
-also gets the mean log-probability per token of those responses (`reference_logprob`). Every
-evaluation also scores the rewards the run's GRPO stages train on, problem by problem, so a GRPO
-stage's own reward is compared with its start's on the same problems (`reward_change_over_start`).
+Under torchrun the sampler calls are shared out over the processes (`evaluation.evaluate`: the
+same records as one process makes) and rank 0 writes eval.json. A set whose records carry a
+reference response (a held-out slice of traces: parallel-gsm8k:heldout) also gets the mean
+log-probability per token of those responses (`reference_logprob`). Every evaluation also
+scores the rewards the run's GRPO stages train on, problem by problem, so a GRPO stage's own
+reward is compared with its start's on the same problems (`reward_change_over_start`).
 `stage_result` gathers one stage's numbers (its steps, reward, time, held-out results and change
 over the stage it started from) as plain data for `show.stage_table`, which never runs a model.
 Not here: the metrics (evaluation.py), the stage loop (runner.py), drawing tables (show.py).
@@ -19,6 +21,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from . import distributed
 from .curriculum import Stage, starting_stage
 from .data import read_jsonl
 from .evaluation import evaluate, paired_difference, rescore, summarize
@@ -66,11 +69,13 @@ class HeldOut:
                 if problems and all(isinstance(response, str) for _, response in references):  # a set of traces
                     results[spec]["reference_logprob"] = self.reference_logprob(model, tokenizer, policy, references,
                                                                                 stage, spec)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"how": key, "results": results}, indent=1) + "\n")
+        if distributed.is_main():  # under torchrun every process holds the results (`evaluate` gathers them)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"how": key, "results": results}, indent=1) + "\n")
         runner.log.write({"stage": stage.name, "event": "eval", "seconds": time.perf_counter() - started,
                           "results": {spec: {k: v for k, v in result.items() if k not in ("per_problem", "rewards")}
                                       for spec, result in results.items()}})  # eval.json keeps the per-problem ones
+        distributed.barrier("waiting for rank 0 to write eval.json")  # read next on every process
         return results
 
     def reference_logprob(self, model, tokenizer, policy: Policy, references: list, stage: Stage, spec: str) -> float:

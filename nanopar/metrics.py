@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from statistics import fmean
 
+from . import distributed
 from .data import read_jsonl
 from .format import check_parallel
 from .trace import trace_stats
@@ -101,19 +102,22 @@ def rollout_metrics(rollouts, results, group_size: int) -> dict:
 
 
 class MetricsLog:
-    """Append one JSON object per line, flushed, so a crash loses at most the current step."""
+    """Append one JSON object per line, flushed, so a crash loses at most the current step. Under
+    torchrun only rank 0 writes (its lines are the step's: distributed.py), the others skip."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict) -> None:
+        if not distributed.is_main():
+            return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
     def drop_after(self, stage: str, step: int) -> None:
         """On resume: forget lines of `stage` past `step` (written after the last checkpoint)."""
-        if not self.path.exists():
+        if not self.path.exists() or not distributed.is_main():
             return
         records = read_jsonl(self.path)
         kept = [r for r in records if not (r.get("stage") == stage and r.get("step", 0) > step)]

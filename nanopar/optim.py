@@ -1,9 +1,10 @@
 """The optimiser side of a training step: AdamW over trainable parameters, and one careful step.
 
-`apply_gradients` clips the gradient norm, skips the step when the norm is not finite (a NaN
-from one bad batch must not poison the adapter), and clears the gradients. The learning rate: a
-linear warm-up, then constant (RL) or a cosine decay to 10% at the stage's last step (SFT from
-scratch or onto new tags learns much more per step with it).
+`apply_gradients` sums the gradients over the processes under torchrun (distributed.py), clips
+the gradient norm, skips the step when the norm is not finite (a NaN from one bad batch must not
+poison the adapter), and clears the gradients. The learning rate: a linear warm-up, then
+constant (RL) or a cosine decay to 10% at the stage's last step (SFT from scratch or onto new
+tags learns much more per step with it).
 Not here: other schedules, other optimisers.
 """
 
@@ -13,6 +14,7 @@ import math
 
 import torch
 
+from . import distributed
 
 SCHEDULES = ("constant", "cosine")
 TAG_ROWS = "trainable_tokens"  # in the names of peft's tag-row parameters
@@ -51,8 +53,10 @@ def make_optimizer(model, lr: float, weight_decay: float = 0.0, warmup_steps: in
 
 
 def apply_gradients(model, optimizer, max_grad_norm: float, scheduler=None) -> tuple[float, bool]:
-    """Clip, step (unless the gradient is not finite), clear. -> (gradient norm, skipped)"""
+    """Sum the gradients over the processes (torchrun; nothing in one process), clip, step (unless
+    the gradient is not finite), clear. -> (gradient norm, skipped)"""
     params = [p for p in model.parameters() if p.requires_grad]
+    distributed.all_reduce_gradients(params)  # every process then clips and steps alike
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")).item()
     skipped = not math.isfinite(norm)
     if not skipped:

@@ -10,7 +10,9 @@
 A stage whose `final/` (or `traces.jsonl`) exists is done and skipped; a stage with checkpoints
 resumes from the latest: model, optimiser, scheduler and RNG states, and the step. Everything a
 step draws is seeded from (seed, stage, step), so a resumed run repeats exactly what the
-interrupted one would have done. Ctrl-C saves a checkpoint first. One GRPO step is
+interrupted one would have done. Ctrl-C saves a checkpoint first. Under torchrun every process
+runs this loop on its share of each step (distributed.py) and rank 0 alone writes the folders,
+the log and the checkpoints; every process resumes from the same checkpoint. One GRPO step is
 `grpo.grpo_step`, one SFT step `sft.sft_step`; `open_run` makes a checked Runner from a resolved
 config. Not here: the stage lists (curriculum.py), what a run reads (run_inputs.py), held-out
 evaluation (heldout.py), the final table (show.py).
@@ -29,7 +31,7 @@ import torch
 import transformers
 from rich.console import Console
 
-from . import NanoparError
+from . import NanoparError, distributed
 from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
 from .config import save_config
 from .curriculum import Stage, TrainConfig, recipe, select, starting_stage
@@ -87,24 +89,27 @@ class Runner:
             reference = self.reference(stage, model, resumed=checkpoint is not None)
             settings = self.grpo_settings(stage)
 
-        def save(name: str) -> None:
-            save_checkpoint(folder / name, model, tokenizer, optimizer, scheduler, step,
-                            vars(config) | {"stage": stage.name, "mode": stage.mode})  # the mode it was trained in
+        def save(name: str) -> None:  # under torchrun rank 0 writes: every process holds the same state
+            if distributed.is_main():
+                save_checkpoint(folder / name, model, tokenizer, optimizer, scheduler, step,
+                                vars(config) | {"stage": stage.name, "mode": stage.mode})  # the mode it was trained in
 
         with progress(self.console) as bar:
             title = f"{stage.name} ({stage.instructions} prompt, {stage.mode})"
             task = bar.add_task(title, total=stage.steps, completed=step)
             try:
                 while step < stage.steps:
-                    if stage.kind == "sft":
-                        batch = self.inputs.batch_of_step(examples, config.sft_batch, stage, step)
+                    communicated = distributed.seconds_communicating()
+                    if stage.kind == "sft":  # under torchrun each process trains its share of the batch
+                        batch = distributed.share(self.inputs.batch_of_step(examples, config.sft_batch, stage, step))
                         started = time.perf_counter()
                         metrics = sft_step(model, optimizer, [p for p, _ in batch], [r for _, r in batch], policy,
                                            tokenizer.pad_token_id or 0, config.micro_batch, config.max_grad_norm,
                                            scheduler, config.micro_batch_tokens, head_read=config.head_read)
                         metrics["train_seconds"] = time.perf_counter() - started
                     else:
-                        batch = self.inputs.batch_of_step(problems, config.prompts_per_step, stage, step)
+                        batch = distributed.share(self.inputs.batch_of_step(problems, config.prompts_per_step, stage,
+                                                                            step))  # whole groups per process
                         prompts = [self.inputs.prompt(problem, tokenizer, stage) for problem in batch]
                         sampling = SamplerSettings.from_flags(config, seed=self.sampling_seed(stage, step))
                         rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
@@ -112,6 +117,8 @@ class Runner:
                         if config.sample_every and (step + 1) % config.sample_every == 0:
                             self.console.print(trace_tree(rollouts[0], tokenizer, title=f"{stage.name} step {step + 1}"))
                     step += 1
+                    if distributed.active():  # time inside collectives this step (transfer + waiting)
+                        metrics["communication_seconds"] = distributed.seconds_communicating() - communicated
                     self.log.write({"stage": stage.name, "step": step, **metrics})
                     bar.update(task, advance=1, description=f"{title} " + _brief(metrics))
                     if config.checkpoint_every and step % config.checkpoint_every == 0 and step < stage.steps:
@@ -121,14 +128,18 @@ class Runner:
                 save(f"checkpoint-{step}")
                 raise SystemExit(f"interrupted: saved {folder / f'checkpoint-{step}'}; the same command resumes")
         save("final")
+        distributed.barrier("waiting for rank 0 to save the stage's model")  # the next stage loads it on every process
 
     def run(self, stage: Stage) -> None:
         """Run a stage unless it is done, then evaluate its model (training stages)."""
-        if self.done(stage):
+        done = self.done(stage)
+        distributed.barrier("waiting for every process to look at the stage")  # before rank 0 writes in it
+        if done:
             self.console.print(f"[dim]{stage.name}: done already ({self.folder(stage)}), skipped[/]")
         else:
             self.folder(stage).mkdir(parents=True, exist_ok=True)
-            (self.folder(stage) / "eval.json").unlink(missing_ok=True)  # a new model: its old evaluation is stale
+            if distributed.is_main():
+                (self.folder(stage) / "eval.json").unlink(missing_ok=True)  # a new model: its old evaluation is stale
             started = time.perf_counter()
             if stage.kind == "distill":
                 try:
@@ -154,13 +165,15 @@ class Runner:
         eval.json shipped beside the model (its held-out evaluation at the defaults) becomes the
         stage's: `HeldOut.evaluate` reuses it only where its key matches the run's settings."""
         final = self.folder(stage) / "final"
-        temporary = final.with_name(".final.incomplete")
-        shutil.rmtree(temporary, ignore_errors=True)
-        shutil.copytree(stage.shipped, temporary, ignore=shutil.ignore_patterns("eval.json"))
-        os.replace(temporary, final)
         evaluation = Path(stage.shipped) / "eval.json"
-        if evaluation.exists():
-            shutil.copyfile(evaluation, self.folder(stage) / "eval.json")
+        if distributed.is_main():  # under torchrun rank 0 copies, the others wait for it
+            temporary = final.with_name(".final.incomplete")
+            shutil.rmtree(temporary, ignore_errors=True)
+            shutil.copytree(stage.shipped, temporary, ignore=shutil.ignore_patterns("eval.json"))
+            os.replace(temporary, final)
+            if evaluation.exists():
+                shutil.copyfile(evaluation, self.folder(stage) / "eval.json")
+        distributed.barrier("waiting for rank 0 to copy the shipped base")
         self.log.write({"stage": stage.name, "event": "shipped", "from": stage.shipped})
         self.console.print(f"{stage.name}: copied the pretrained base {stage.shipped}, not trained here "
                            "(--pretrained-base '' pretrains it)" + (", with its held-out evaluation at the default "
@@ -193,7 +206,9 @@ class Runner:
                    "or run --recipe parallel-r1, whose cold start reads --sft-data")
             raise NanoparError(f"{stage.name}: no {KEEP[stage.keep]} in {len(problems)} problems; "
                                f"the model cannot write them yet: {fix}")
-        write_jsonl(self.folder(stage) / "traces.jsonl", kept)
+        if distributed.is_main():  # every process holds them all (keep_traces gathers)
+            write_jsonl(self.folder(stage) / "traces.jsonl", kept)
+        distributed.barrier("waiting for rank 0 to write the traces")
 
     # --- where things are -------------------------------------------------------------------
     def folder(self, stage: Stage) -> Path:
@@ -247,11 +262,17 @@ class Runner:
                             max_grad_norm=config.max_grad_norm, head_read=config.head_read)
 
     def sampling_seed(self, stage: Stage, step: int) -> int:
-        return random.Random(f"{self.config.seed}/{stage.name}/sample/{step}").randrange(2**31)
+        """The seed of a GRPO step's sampling: one stream per process under torchrun (rank r > 0
+        adds "/rank-r"; rank 0's is the single process's), so a run repeats for a given N."""
+        rank = distributed.rank()
+        return random.Random(f"{self.config.seed}/{stage.name}/sample/{step}" + (f"/rank-{rank}" if rank else "")
+                             ).randrange(2**31)
 
     def write_config(self, resolved: dict | None = None) -> None:
         """<out>/config.json: every flag as resolved, what `defaults.resolve` changed, and the
-        stages of the recipe this run holds."""
+        stages of the recipe this run holds. Rank 0 writes it under torchrun."""
+        if not distributed.is_main():
+            return
         save_config(self.config, self.out, extra={"resolved_by_defaults": resolved or {},
                                                   "resolved_stages": [dataclasses.asdict(s) for s in self.stages]})
 
@@ -262,6 +283,11 @@ class Runner:
         SamplerSettings.from_flags(self.config).check()
         if self.config.eval_batch < 1:
             raise NanoparError(f"--eval-batch must be >= 1, not {self.config.eval_batch}")
+        kinds = {stage.kind for stage in chosen if not stage.shipped}
+        if "grpo" in kinds:  # torchrun: every process samples whole groups, the same number of them
+            distributed.check_divides(self.config.prompts_per_step, "--prompts-per-step")
+        if "sft" in kinds:
+            distributed.check_divides(self.config.sft_batch, "--sft-batch")
         head_read_for(self.config.head_read, 0)  # a known training read
         for stage in self.stages:
             instructions_named(stage.instructions)

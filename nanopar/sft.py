@@ -8,6 +8,8 @@ will decode it; in causal mode it is a plain causal read. The tags, mode and voc
 the same `Policy` the sampler takes; the temperature is always 1 (SFT fits the model's own
 distribution, whatever temperature RL samples at).
 `response_loglikelihood` reads held-out traces the same way, for the mean log-probability per token.
+Under torchrun each process passes its share of the batch; the token count the loss divides by
+and the gradients are summed over the processes (distributed.py), so the step is one batch's.
 Not here: where traces come from (data.load_traces, toy/), the loop over steps (runner.py).
 """
 
@@ -17,6 +19,7 @@ import dataclasses
 
 import torch
 
+from . import distributed
 from .forward import head_read_for, make_batch, micro_batches, trace_logprobs
 from .optim import apply_gradients
 from .policy import Policy
@@ -31,7 +34,8 @@ def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[in
     head_read_for(head_read, 0)  # an unknown read fails before any work
     policy = dataclasses.replace(policy, temperature=1.0)
     batch = _shortest_first(model, prompts, responses, pad_id)
-    total = batch.target_mask.sum().clamp(min=1)  # response tokens in the whole batch
+    # response tokens in the whole batch: of every process's share under torchrun
+    total = distributed.all_reduce(batch.target_mask.sum(), "the count of the step's tokens").clamp(min=1)
     model.train()
     loss_sum = 0.0
     for rows in micro_batches(batch.lengths(), micro_batch, micro_batch_tokens):
@@ -40,8 +44,9 @@ def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[in
         loss = -(logprobs * micro.target_mask).sum() / total  # []
         loss.backward()
         loss_sum += loss.item()
-    norm, skipped = apply_gradients(model, optimizer, max_grad_norm, scheduler)
-    return {"loss": loss_sum, "grad_norm": norm, "skipped_step": skipped, "tokens": int(total.item())}
+    norm, skipped = apply_gradients(model, optimizer, max_grad_norm, scheduler)  # summed over processes
+    return {"loss": distributed.sum_over_ranks(loss_sum), "grad_norm": norm, "skipped_step": skipped,
+            "tokens": int(total.item())}
 
 
 def _shortest_first(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int):
