@@ -72,10 +72,11 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
     preset = getattr(config, "preset", "")
     if preset and preset not in (presets or {}):
         raise NanoparError(f"unknown preset {preset!r}: use one of {', '.join(presets or {})}")
-    chosen = given | set(presets[preset] if preset else ())  # a preset for a real model outranks its defaults
-    for field, value in (presets[preset] if preset else {}).items():
+    preset_fields = presets[preset] if preset else {}
+    for field, value in preset_fields.items():
         if field not in given:
             put(field, value)
+    chosen = given | set(preset_fields)  # a preset for a real model outranks its defaults
     if config.model and not built_from_code(config.model):
         for field, value in real_defaults(training).items():
             if hasattr(config, field) and field not in chosen:
