@@ -127,7 +127,7 @@ def heldout_set_of(spec: str) -> str | None:
         return (source.heldout_sets or {}).get(spec)
     return TEST_SETS.get(spec)
 
-SLICE = re.compile(r"^(.+)\[(-?\d*):(-?\d*)\]$")  # "spec[start:stop]": a slice of a data set's problems
+SLICE = re.compile(r"^(.+)\[(-?\d+)?:(-?\d+)?\]$")  # "spec[start:stop]": a slice of a data set's problems
 QUESTION_FIELDS = ("question", "problem", "prompt")  # tried in this order when none is named
 ANSWER_FIELD = "answer"
 ID_FIELDS = ("id", "unique_id")  # a record's own id, when it has one
@@ -156,11 +156,9 @@ def load_problems(
     """
     if limit is not None and limit < 0:
         raise NanoparError(f"limit must be >= 0, not {limit}")
-    sliced = SLICE.match(spec)
-    if sliced:  # the whole set, then the slice, then the limit
-        whole = load_problems(sliced[1], question_field, answer_field, None, split)
-        start, stop = (int(bound) if bound else None for bound in sliced.group(2, 3))
-        return whole[start:stop][:limit]
+    name, part = split_slice(spec)
+    if part is not None:  # the whole set, then the slice, then the limit
+        return load_problems(name, question_field, answer_field, None, split)[part][:limit]
     source = source_for(spec)
     if source is not None:
         return source.problems(spec)[:limit]
@@ -262,13 +260,20 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
 def _shipped(name: str) -> tuple[Path, Iterable[tuple[int, dict]]]:
     """A shipped set's file and its (line number, record) pairs: only the fixed slice its
     `BENCHMARKS` entry names when it names one (line numbers stay the file's), else read lazily."""
-    file = BENCHMARKS[name][0]
-    sliced = SLICE.match(file)
+    file, part = split_slice(BENCHMARKS[name][0])
+    path = BENCHMARK_DIR / file
+    if part is None:
+        return path, _numbered_jsonl(path)
+    return path, list(_numbered_jsonl(path))[part]
+
+
+def split_slice(spec: str) -> tuple[str, slice | None]:
+    """"name[start:stop]" -> ("name", slice(start, stop)); any other spec -> (spec, None)."""
+    sliced = SLICE.match(spec)
     if not sliced:
-        return BENCHMARK_DIR / file, _numbered_jsonl(BENCHMARK_DIR / file)
-    path = BENCHMARK_DIR / sliced[1]
+        return spec, None
     start, stop = (int(bound) if bound else None for bound in sliced.group(2, 3))
-    return path, list(_numbered_jsonl(path))[start:stop]
+    return sliced[1], slice(start, stop)
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:

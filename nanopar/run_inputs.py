@@ -21,7 +21,7 @@ from typing import Callable
 
 from . import NanoparError
 from .curriculum import Stage, TrainConfig
-from .data import SLICE, Problem, load_problems, load_traces
+from .data import Problem, load_problems, load_traces, split_slice
 from .format import check_parallel
 from .prompts import build_prompt, instructions_named
 from .tags import SCHEMAS, TagSchema
@@ -128,7 +128,7 @@ class RunInputs:
 
 def _tail(spec: str) -> tuple[str, int]:
     """"x.jsonl[-100:]" -> ("x.jsonl", 100); a spec that is not a tail -> (spec, 0)."""
-    sliced = SLICE.match(spec)
-    if sliced and sliced[2].startswith("-") and not sliced[3]:
-        return sliced[1], -int(sliced[2])
+    name, part = split_slice(spec)
+    if part is not None and part.start is not None and part.start < 0 and part.stop is None:
+        return name, -part.start
     return spec, 0
