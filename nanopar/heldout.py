@@ -130,15 +130,17 @@ class HeldOut:
     def key(self, stage: Stage) -> dict:
         """What decides a held-out evaluation's samples, the key of its eval.json: the sets and
         their fields, every SamplerSettings field, every Policy field the config sets (temperature,
-        ...), the stage's prompt and mode, and the batching (each sampler call has its own seed).
-        Built from the dataclasses, so a new sampler or policy knob is part of it."""
+        ...), the stage's prompt and mode, the batching (each sampler call has its own seed) and
+        the arithmetic the model runs in (dtype, 4-bit). Built from the dataclasses, so a new
+        sampler or policy knob is part of it."""
         config, sets, schema = self.runner.config, self.runner.inputs.eval_sets(), self.runner.schema
         policy = {f.name: getattr(config, f.name) for f in dataclasses.fields(Policy) if hasattr(config, f.name)}
         return {"data": sets, "fields": [config.question_field, config.answer_field],
                 "problems": config.eval_problems, "samples": config.eval_samples, "batch": config.eval_batch,
                 "instructions": [instructions_named(stage.instructions, spec, schema) for spec in sets],
                 "schema": schema.name,
-                "chat": config.chat, **dataclasses.asdict(SamplerSettings.from_flags(config)), **policy,
+                "chat": config.chat, "dtype": config.dtype, "load_in_4bit": config.load_in_4bit,
+                **dataclasses.asdict(SamplerSettings.from_flags(config)), **policy,
                 "mode": stage.mode, "rewards": self.rewards()}
 
     def rewards(self) -> list[str]:

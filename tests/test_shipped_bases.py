@@ -73,7 +73,7 @@ def test_a_shipped_base_reaches_its_stated_heldout_accuracy(recipe):
 def test_a_run_at_the_defaults_reuses_the_evaluation_shipped_with_its_base(recipe, tmp_path, monkeypatch):
     """The eval.json beside a base is the held-out evaluation of the pretrain stage that a run at
     the defaults makes (its key is the run's), so copying the base copies it and no model samples;
-    a run evaluating other problems samples the base again (its key differs)."""
+    a run evaluating other problems, or in another dtype, samples the base again (its key differs)."""
     from nanopar.runner import open_run
 
     runner, _ = open_run(train.resolved_config(["--recipe", recipe, "--out", str(tmp_path / "run")])[0])
@@ -88,8 +88,8 @@ def test_a_run_at_the_defaults_reuses_the_evaluation_shipped_with_its_base(recip
 
     monkeypatch.setattr(runner, "load", no_sampling)
     assert runner.heldout.evaluate(pretrain) == shipped["results"]
-    other, _ = open_run(train.resolved_config(["--recipe", recipe, "--out", str(tmp_path / "run"),
-                                               "--eval-problems", "100"])[0])
-    monkeypatch.setattr(other, "load", no_sampling)
-    with pytest.raises(AssertionError, match="shipped evaluation"):
-        other.heldout.evaluate(other.stages[0])
+    for flags in (["--eval-problems", "100"], ["--dtype", "bfloat16"]):  # other problems, other arithmetic
+        other, _ = open_run(train.resolved_config(["--recipe", recipe, "--out", str(tmp_path / "run"), *flags])[0])
+        monkeypatch.setattr(other, "load", no_sampling)
+        with pytest.raises(AssertionError, match="shipped evaluation"):
+            other.heldout.evaluate(other.stages[0])
