@@ -3,13 +3,13 @@ one process doing all of the work.
 
 - One GRPO step (scripted rollouts, the sampler stood in) and one SFT step over 2 processes give
   the weights and step metrics of 1 process with every prompt: plain z-score advantages, PAPO
-  (drop, then batch-level std over both processes), a token budget per micro-batch, and a step in
-  which one process keeps nothing. SGD and no clipping, so a gradient off by any factor shows
+  (drop, then batch-level std over both processes), a token budget per micro-batch, a step in
+  which one process keeps nothing, and a KL term to a reference policy. SGD and no clipping, so a gradient off by any factor shows
   (AdamW's first step would hide a scale).
 - The gradient sum itself: hand-set gradients, one bucket per gradient and one per dtype, and a
   gradient no process computed stays None.
 - A sharded evaluation (and eval.py) returns every (problem, sample) once, the records and
-  summary of one process.
+  summary of one process; distillation's sharded sampling keeps the traces of one process.
 - A step that does not split over the processes is a one-line error before anything is written;
   processes started with different flags stop with one line from rank 0, the other silent; more
   processes than GPUs, and sample.py under torchrun, are one-line errors.
@@ -34,12 +34,15 @@ import pytest
 import torch
 import torch.multiprocessing
 
+import nanopar.distill
 import nanopar.grpo
 from conftest import ROOT, read_metrics, text_rollout
 from nanopar import NanoparError, distributed
 from nanopar.data import Problem, load_problems
 from nanopar.evaluation import evaluate, summarize
-from nanopar.grpo import GRPOSettings, grpo_step
+from nanopar.distill import keep_traces
+from nanopar.rewards import is_correct
+from nanopar.grpo import GRPOSettings, Reference, grpo_step
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, stop_ids
@@ -124,6 +127,8 @@ GRPO_CASES = {  # name -> (responses per prompt, settings)
                                                micro_batch_tokens=120, max_grad_norm=0)),
     "papo, rank 1 keeps none": (RANK_1_KEEPS_NONE, GRPOSettings(group_size=G, drop_invalid=True, advantage="batch",
                                                                 micro_batch=3, max_grad_norm=0)),
+    # a KL term to a reference away from the policy (`moved_reference`): its read and gradient too
+    "kl": (MIXED, GRPOSettings(group_size=G, micro_batch=3, max_grad_norm=0, kl_beta=0.5)),
 }
 LR = 0.1
 
@@ -144,15 +149,24 @@ def grpo_job(case: str) -> tuple[dict, dict]:
     scripted = [[text_rollout(prompts[j], tokenizer.encode(RESPONSES[kind](problems[j]), add_special_tokens=False)
                               + [eos[0]], policy.tag_ids) for kind in table[j]] for j in range(len(problems))]
     mine = distributed.share(list(range(len(problems))))  # rank r: prompts r, r + 2
+    reference = moved_reference(model) if settings.kl_beta else None
     real = nanopar.grpo.sample
     nanopar.grpo.sample = lambda *args: [r for j in mine for r in scripted[j]]
     try:
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
         _, metrics = grpo_step(model, tokenizer, optimizer, [problems[j] for j in mine], [prompts[j] for j in mine],
-                               policy, SamplerSettings(), settings, {"format": 1.0, "accuracy": 0.5})
+                               policy, SamplerSettings(), settings, {"format": 1.0, "accuracy": 0.5}, reference)
     finally:
         nanopar.grpo.sample = real
     return trainable(model), metrics
+
+
+def moved_reference(model) -> Reference:
+    """A reference policy off the model's own: every trainable weight plus seeded noise (the same
+    on every process), so the KL term and its gradient are not zero."""
+    noise = torch.Generator().manual_seed(0)
+    return Reference(model, [p.detach() + 0.05 * torch.randn(p.shape, generator=noise)
+                             for p in model.parameters() if p.requires_grad])
 
 
 def sft_job(micro_batch_tokens: int) -> tuple[dict, dict]:
@@ -181,6 +195,23 @@ def evaluation_job() -> list[dict]:
     for record in records:
         record["stats"].pop("wall_time")
     return records
+
+
+def distill_job() -> list[dict]:
+    """Distillation's sampling (`keep_traces`) from the shipped base: 7 problems x 2 tries, 2 per
+    sampler call (4 calls, call i seeded with its first problem). The base writes no blocks yet, so
+    the filter is stood in: a correct final answer is kept. -> the kept traces"""
+    model, tokenizer = load_model(ModelSettings(SHIPPED_BASES["parallel-r1"]))
+    policy = Policy.for_tokenizer(tokenizer, "causal")
+    real = nanopar.distill.keeps
+    nanopar.distill.keeps = lambda keep, text, trace, problem: is_correct(text, problem)
+    try:
+        return keep_traces(model, tokenizer, policy, toy_problems("toy:easy")[:7],
+                           lambda p: build_prompt(p, tokenizer, ""),
+                           lambda start: SamplerSettings(max_new_tokens=120, seed=start),
+                           stop_ids(model, tokenizer), tries=2, chunk=2)
+    finally:
+        nanopar.distill.keeps = real
 
 
 def eval_script_job(out: str) -> tuple[dict, str]:
@@ -238,7 +269,8 @@ def two(tmp_path_factory) -> list[dict]:
     jobs += [(f"sft {tokens}", sft_job, (tokens,)) for tokens in (0, 300)]
     jobs += [(f"gradients {size}", gradient_job, (size,)) for size in (12, 2**20)]
     jobs += [("eval.py", eval_script_job, (str(folder / "eval"),))]
-    jobs += [("evaluation", evaluation_job, ()), ("bad step", bad_step_job, (str(folder / "run"),))]
+    jobs += [("evaluation", evaluation_job, ()), ("distill", distill_job, ()),
+             ("bad step", bad_step_job, (str(folder / "run"),))]
     return on_two_processes(jobs, folder)
 
 
@@ -299,6 +331,14 @@ def test_a_sharded_evaluation_returns_every_problem_once_and_the_records_of_one_
         assert [r["batch"] for r in records] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]  # in call order
         assert records == one  # the same responses, grades and structure, sample for sample
         assert summarize(records) == summarize(one)
+
+
+@pytest.mark.slow
+def test_distillation_over_two_processes_keeps_the_traces_of_one_in_the_same_order(two):
+    one = one_thread(distill_job)
+    assert 2 <= len(one) < 7 and len({r["id"] for r in one}) == len(one)  # some kept, some not, one per problem
+    for rank in range(2):
+        assert two[rank]["distill"] == one
 
 
 @pytest.mark.slow
