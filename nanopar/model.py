@@ -256,7 +256,9 @@ def _load_tiny(settings: ModelSettings, device: str, dtype: torch.dtype, schema:
     model, tokenizer = _built_model(settings.name_or_path, dtype, settings.attn_implementation)
     model.to(device)
     tag_ids = add_tag_tokens(tokenizer, model, schema)
-    model.config._name_or_path = settings.name_or_path  # what a saved adapter names as its base
+    # what a saved adapter names as its base: peft reads the model's `name_or_path` attribute, which
+    # from_pretrained sets and a model built from a config lacks
+    model.config._name_or_path = model.name_or_path = settings.name_or_path
     if settings.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if settings.lora:
