@@ -67,7 +67,7 @@ class TrainConfig(ScriptConfig):
     lora_rank: int = 16  # LoRA r
     lora_alpha: int = 32  # LoRA alpha (scale alpha / r)
     lora_dropout: float = 0.0  # keep 0 for RL: dropout breaks the on-policy ratio of 1
-    tag_lr_scale: float = 1.0  # with --lora: the tag rows' learning rate, as a multiple of the stage's
+    tag_lr_scale: float = 1.0  # with --lora: the tag rows' learning rate in SFT stages, as a multiple of the stage's (GRPO: 1)
     gradient_checkpointing: bool = False  # recompute activations in backward: much less memory on a GPU, ~30% slower
     head_read: str = "auto"  # training read of the LM head: "plain" (log_softmax of the full logits), "chunked" (head.py), "auto" (chunked from a large vocabulary)
     # the data

@@ -75,9 +75,12 @@ class Runner:
         checkpoint = latest_checkpoint(folder)
         model, tokenizer, policy = self.load(str(checkpoint) if checkpoint else self.input_model(stage), stage.mode)
         model.train()
+        # The tag rows' own rate serves the stages that teach the tags (SFT); GRPO moves them at its rate:
+        # AdamW moves every entry by ~lr a step whatever the signal, and on SmolLM2 a GRPO stage with the
+        # rows at 10x undid much of the cold start's format (docs/real-checkpoint.md)
         optimizer, scheduler = make_optimizer(model, stage.lr, config.weight_decay, config.warmup_steps,
                                               config.sft_schedule if stage.kind == "sft" else "constant", stage.steps,
-                                              config.tag_lr_scale)
+                                              config.tag_lr_scale if stage.kind == "sft" else 1.0)
         step = load_trainer_state(checkpoint, optimizer, scheduler) if checkpoint else 0
         if checkpoint:
             self.log.drop_after(stage.name, step)

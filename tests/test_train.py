@@ -354,6 +354,19 @@ def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
     assert torch.allclose(grads[False], grads[True], atol=1e-6)
 
 
+def test_the_tag_rows_rate_scales_in_sft_and_not_in_grpo(tmp_path):
+    """--tag-lr-scale serves the stages that teach the tags: the optimiser a LoRA run saves holds
+    the tag rows at scale x the rate in SFT, at the rate itself in GRPO."""
+    train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--skip", "rl-hard", "--sft-steps", "1",
+                "--rl-easy-steps", "1", "--eval-problems", "0", "--lora", "--tag-lr-scale", "10",
+                "--sft-lr", "3e-3", "--lr", "2e-4"])
+    rates = {}
+    for stage in ("1-sft", "2-rl-easy"):
+        groups = torch.load(tmp_path / stage / "final" / "trainer_state.pt", weights_only=False)["optimizer"]["param_groups"]
+        rates[stage] = [group["initial_lr"] for group in groups]  # [the rest, the tag rows]
+    assert rates == {"1-sft": [3e-3, pytest.approx(3e-2)], "2-rl-easy": [2e-4, 2e-4]}
+
+
 def test_skip_leaves_a_stage_out_and_the_next_starts_where_it_did(tmp_path):
     """The ablation "no stage-1 RL": --skip rl-easy makes `--stages sft,rl-hard` a run, rl-hard
     starting from sft's final/; folders are numbered over the stages that remain."""
