@@ -68,7 +68,7 @@ PRESETS = {  # name -> the TrainConfig fields it changes
     # trains ~1.5x faster than float32 (bench/dtype.py); a CPU without it is slower in bfloat16: add --dtype float32
     "smollm2": {"model": "pypi:smollm2", "out": "runs/smollm2", "skip": "rl-hard", "instructions": "none",
                 "dtype": "bfloat16", "sft_steps": 48, "sft_batch": 4, "sft_lr": 2e-3, "tag_lr_scale": 10.0,
-                "micro_batch": 8, "rl_easy_steps": 6, "prompts_per_step": 4, "group_size": 8, "lr": 5e-4,
+                "micro_batch": 4, "rl_easy_steps": 6, "prompts_per_step": 4, "group_size": 8, "lr": 5e-4,
                 "easy_reward": "valid_parallel:0.5,answered:0.5", "temperature": 0.6,
                 "max_new_tokens": 512, "max_path_tokens": 256,
                 "eval_data": "gsm8k,parallel-gsm8k:heldout", "eval_problems": 50, "eval_batch": 50},
