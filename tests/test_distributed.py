@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import torch
 import torch.multiprocessing
 
 import nanopar.distill
+import nanopar.grading
 import nanopar.grpo
 from conftest import ROOT, read_metrics, text_rollout
 from nanopar import NanoparError, distributed
@@ -397,6 +399,24 @@ def test_more_processes_than_gpus_is_a_one_line_error(monkeypatch):
     assert not distributed.active()
 
 
+def test_the_launchers_stop_ends_the_process_even_inside_code_that_counts_any_exception(monkeypatch):
+    """torchrun's SIGTERM lands wherever the process is: inside grading's call into math-verify,
+    whose exceptions become counted parse failures, it must still stop the process, once."""
+    def parse_interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode: inside the parse
+        return []
+
+    monkeypatch.setattr(nanopar.grading, "parse", parse_interrupted)
+    previous = signal.signal(signal.SIGTERM, distributed._stopped_by_the_launcher)  # as `init` installs it
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            nanopar.grading.grade("Final Answer: 42", Problem("test:1", "What is 6 x 7?", "42"))
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # a second SIGTERM cannot cut the line short
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert str(stopped.value.code).startswith("error: rank 0 of 1: stopped by torchrun (SIGTERM")
+
+
 def test_a_single_process_starts_no_group_and_every_helper_returns_its_input():
     assert not distributed.active() and distributed.world_size() == 1 and distributed.is_main()
     t = torch.tensor([1.0, 2.0])
@@ -502,15 +522,18 @@ def rank_process(out: Path, rank: int) -> psutil.Process | None:
 def test_a_run_whose_rank_is_killed_says_so_in_one_line_and_resumes_to_the_same_weights(straight, tmp_path):
     out = tmp_path / "run"
     process = torchrun(out, "--eval-problems", "0")  # evaluations change no weights: left out here, for time
-    deadline = time.monotonic() + 240
-    while not any(m.get("stage") == "rl-easy" and m.get("step") == 2
-                  for m in (read_metrics(out) if (out / "metrics.jsonl").exists() else [])):
+    deadline, rank_1 = time.monotonic() + 240, None
+    while not (out / "3-rl-easy" / "checkpoint-1").is_dir():  # complete once named (checkpoint.py)
         if process.poll() is not None or time.monotonic() > deadline:
             finish(process, 0)
-            pytest.fail("the run ended or stalled before rl-easy's step 2")
-        time.sleep(0.2)
-    rank_1 = rank_process(out, 1)
+            pytest.fail("the run ended or stalled before rl-easy's first checkpoint")
+        rank_1 = rank_1 or rank_process(out, 1)
+        time.sleep(0.05)
     assert rank_1 is not None
+    # Steps 2-4 take a few seconds: stop rank 1 at once, so that the kill lands inside the stage (the
+    # stage cannot end without it), not in a run that already ended, which a busy machine once did.
+    rank_1.suspend()
+    assert not (out / "3-rl-easy" / "final").exists(), "the stage ended before rank 1 was stopped"
     rank_1.kill()  # SIGKILL: no chance to clean up
     _, err = finish(process, 120)
     assert process.returncode != 0
