@@ -25,9 +25,9 @@ overlapping it (docs/distributed.md).
 A collective that fails (another process died, or hung up) becomes a one-line NanoparError on the
 processes still alive, which the scripts print on rank 0 alone; torchrun's SIGTERM (it ends every
 process when one fails) stops a process with the same kind of line. Files are written by rank 0
-only, and checkpoints are complete or absent (checkpoint.py), so the same command resumes. `seconds_communicating` totals
-the time spent inside collectives (transfer and waiting for the slowest process), for the step
-metrics.
+only, and checkpoints are complete or absent (checkpoint.py), so the same command resumes.
+`seconds_communicating` totals the time spent inside collectives (transfer and waiting for the
+slowest process), for the step metrics.
 Not here: several model replicas per process, sharding one model over GPUs (FSDP, tensor
 parallelism: verl or TRL for models that do not fit one GPU), several nodes (torchrun's own
 flags do that; nothing here assumes one node except a shared run folder).
