@@ -21,6 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The suite runs in two pytest-xdist workers (pyproject's addopts) beside the scripts some tests
+# start: more OpenMP threads than cores, whose spin-waiting runs 10-20x slower when the cores are
+# taken. Set before torch loads; the scripts' processes inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -215,16 +220,23 @@ def real(request, tmp_path_factory) -> RealCheckpoint:
     return dataclasses.replace(checkpoint, folder=gguf_folder(path))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
     """The tests of one real checkpoint run together (each converted once, its `forked` sampled
     once): pytest groups a session fixture's tests by the index of its parameter, which the
     reduced set's own parametrisations (test_real_checkpoint.reduced) number differently.
-    Every other test keeps its place."""
+    Every other test keeps its place.
+
+    Under pytest-xdist (`--dist loadgroup`) each group runs in one worker: a real checkpoint's
+    tests (its conversion is made once per worker), else a file's tests (its module fixtures)."""
     order = [SMOLLM2, GEMMA3]
     places = [k for k, item in enumerate(items) if _real_of(item) is not None]
     ordered = sorted((items[k] for k in places), key=lambda item: order.index(_real_of(item)))
     for k, item in zip(places, ordered):
         items[k] = item
+    for item in items:
+        real = _real_of(item)
+        item.add_marker(pytest.mark.xdist_group(f"real-{real.name}" if real else item.nodeid.split("::")[0]))
 
 
 def _real_of(item) -> RealCheckpoint | None:

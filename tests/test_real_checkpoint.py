@@ -14,7 +14,7 @@ Parallel-GSM8K raising the held-out traces' log-prob (these two: SmolLM2 only).
 Sampling here forks because a forward hook biases the `<Parallel>` logit at one position (the
 model was never taught the tags); the hook reads `position_ids`, and sits on the model while it
 samples and while the trainer reads what it sampled, so both see the same bias. Timings are
-printed with the load average (`pytest -s`); docs/measurements.md records what they were on the
+printed with the load average (`pytest -n 0 -s`); docs/measurements.md records what they were on the
 project's CPU.
 """
 
