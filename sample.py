@@ -92,4 +92,4 @@ if __name__ == "__main__":
     try:
         main()
     except NanoparError as error:  # under torchrun rank 0 says it once; the others stop with status 1
-        sys.exit(f"error: {error}" if distributed.is_main() else 1)
+        raise distributed.error_exit(error) from None

@@ -10,7 +10,8 @@ holds a whole model replica and works on its share of a step: GRPO's prompts (wh
 SFT's traces, an evaluation's sampler calls; what must be the step's, not the share's, goes
 through the helpers here: `all_reduce` (a sum), `all_reduce_gradients` (the optimiser step),
 `share` / `unshare` (deal a list out round-robin, gather it back in its order), `gather` (every
-rank's object), `barrier`. Rank 0 alone writes files and prints (`is_main`, `console`).
+rank's object), `barrier`. Rank 0 alone writes files and prints (`is_main`, `console`,
+`error_exit`).
 
 Without torchrun (WORLD_SIZE unset or 1) nothing here starts a process group and every helper
 returns its input untouched: a single process runs exactly the code and numbers it always did.
@@ -77,9 +78,14 @@ def _stopped_by_the_launcher(signum, frame):
     half-written checkpoint. A SystemExit, not a NanoparError: code that turns any Exception into a
     counted failure (grading's call into math-verify) must not swallow the stop and run on."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping already: another SIGTERM must not cut the line short
-    raise SystemExit(f"error: rank {rank()} of {world_size()}: stopped by torchrun (SIGTERM: another process "
-                     "failed, or the run was stopped); the same command resumes from the last checkpoint"
-                     if is_main() else 1)
+    raise error_exit(f"rank {rank()} of {world_size()}: stopped by torchrun (SIGTERM: another process failed, "
+                     "or the run was stopped); the same command resumes from the last checkpoint")
+
+
+def error_exit(message) -> SystemExit:
+    """How a script stops on an error: one `error: ...` line, said by rank 0 alone (or the only
+    process), and status 1 on every process."""
+    return SystemExit(f"error: {message}" if is_main() else 1)
 
 
 def close() -> None:
