@@ -84,7 +84,8 @@ class TagSchema:
         r"""`text` with the whitespace taken out from between the tags the structured sampler writes
         back to back: the fork tag and a branch's opening, a branch's close and the next opening or
         the merge, the merge tags themselves (<Parallel><Path>, </Path><Path>, </Path></Parallel>,
-        </Parallel><Summary>; NPR's </guideline><step>, </step><step>, </step><takeaway>). A trace
+        </Parallel><Summary>; NPR's </guideline><step>, </step><step>, </step><takeaway>, and a
+        step's tag and its label, <step>1:). A trace
         laid out with newlines there (Parallel-GSM8K's) then trains the model on what it will be
         fed; a path's own text, its first and last newline included, is left alone.
 
@@ -96,6 +97,8 @@ class TagSchema:
                  (self.path_close, merge[0]), *zip(merge, merge[1:])]
         for before, after in pairs:
             text = re.sub(rf"(?<={re.escape(before)})\s+(?={re.escape(after)})", "", text)
+        if self.numbered:  # the engine writes a step's label right after its tag: "<step>1:", never "<step>\n1:"
+            text = re.sub(rf"(?<={re.escape(self.path_open)})\s+(?=\d+:)", "", text)
         return text
 
     @property

@@ -9,6 +9,7 @@ open with <step> and its label "k+1:". The references here never go through `bui
 a plain causal run of prefix + one step, or the model's own KV cache copied per step and joined.
 """
 
+import copy
 import random
 import re
 
@@ -22,7 +23,7 @@ from nanopar.format import check_format, check_parallel, check_tag_sequence, che
 from nanopar.layout import build_layout, structured_roles
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
-from nanopar.tags import MAX_PATHS, NPR, TagIds, find_tags
+from nanopar.tags import MAX_PATHS, NPR, TagIds, add_tag_tokens, find_tags
 from nanopar.tiny import tiny_qwen_model
 from nanopar.trace import parse_ids, parse_trace, trace_stats
 
@@ -544,3 +545,20 @@ def test_npr_tag_soup_never_raises_and_text_and_ids_are_judged_alike():
         outcomes["truncated"] += by_ids.truncated
         outcomes["format"] += fmt.ok
     assert min(outcomes.values()) >= 100, outcomes  # the soup reaches every verdict
+
+
+def test_a_trace_that_writes_a_newline_between_step_and_its_label_trains_on_what_the_engine_feeds(qwen_tokenizer):
+    """The engine forces <step> then the label's own ids ("1:") back to back; a trace written
+    `<step>\\n1: ...` (a model's or a file's layout) must tokenize, after `as_sampled`, to exactly
+    those ids, so SFT never teaches a newline the sampler will not feed. Reference: the ids built
+    by hand from the tag ids and the tokenizer's encoding of each label."""
+    tokenizer = copy.deepcopy(qwen_tokenizer)
+    tags = add_tag_tokens(tokenizer, None, NPR)
+    trace = ("<guideline><plan>1: add</plan><plan>2: multiply</plan></guideline>"
+             "<step>\n1: 2+3=5</step>\n<step> \n2: 2*3=6</step><takeaway>5</takeaway> 5")
+    ids = tokenizer.encode(NPR.as_sampled(trace), add_special_tokens=False)
+    for k, body in enumerate((" 2+3=5", " 2*3=6")):
+        opening = [tags.path_open, *tags.labels[k], *tokenizer.encode(body, add_special_tokens=False), tags.path_close]
+        assert any(ids[i:i + len(opening)] == opening for i in range(len(ids))), k
+    assert NPR.as_sampled("<step>1: x</step>") == "<step>1: x</step>"  # a label in place is left alone
+    assert NPR.as_sampled("<step>\nthen 1: x</step>") == "<step>\nthen 1: x</step>"  # not a label: the step's text
