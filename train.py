@@ -66,10 +66,21 @@ PRESETS = {  # name -> the TrainConfig fields it changes
     # rate high enough to learn the tags in 48 steps (tag rows 10x), a few GRPO steps, no stage 2, T = 0.6.
     # Two responses a problem in each evaluation: batched, they cost about what one does on a CPU and halve
     # the variance within a problem (docs/real-checkpoint.md).
-    # bfloat16, as a GPU user trains: on a CPU with AVX512-BF16 (this project's machines) it samples ~1.9x and
-    # trains ~1.5x faster than float32 (bench/dtype.py); a CPU without it is slower in bfloat16: add --dtype float32
+    # --dtype auto: bfloat16 on a CPU with bfloat16 instructions (it samples ~1.9x and trains ~1.5x faster than
+    # float32 there, bench/dtype.py), float32 on one without (where bfloat16 is slower)
+    # a real Qwen on a CPU (docs/qwen.md): Qwen2.5-Coder-0.5B-Instruct from its PyPI wheels through Parallel-R1's
+    # stages at a CPU's scale. `--stages sft` is the cold start and its evaluations alone. Departures from
+    # Parallel-R1, for a CPU's hours: Qwen's one-line answer request instead of its ~220-token prompt (the traces
+    # teach the tags), 40 cold-start steps of 4 traces (tag rows 10x, warm-up: at 2e-3 without it one step broke
+    # the model), few short GRPO steps, 40 held-out problems, T = 0.7. dtype auto: bfloat16 on a CPU with bfloat16
+    # instructions (1.9x faster a cold-start step here, bench/dtype.py), float32 on one without.
+    "qwen": {"model": "pypi:qwen2.5-coder-0.5b", "out": "runs/qwen", "instructions": "answer",
+             "sft_steps": 40, "sft_batch": 4, "sft_lr": 5e-4, "tag_lr_scale": 10.0, "warmup_steps": 4,
+             "micro_batch_tokens": 1024, "rl_easy_steps": 6, "rl_hard_steps": 4, "prompts_per_step": 4,
+             "group_size": 8, "lr": 2e-5, "temperature": 0.7, "max_new_tokens": 512, "max_path_tokens": 256,
+             "eval_data": "gsm8k,parallel-gsm8k:heldout", "eval_problems": 40, "eval_samples": 1, "eval_batch": 40},
     "smollm2": {"model": "pypi:smollm2", "out": "runs/smollm2", "skip": "rl-hard", "instructions": "none",
-                "dtype": "bfloat16", "sft_steps": 48, "sft_batch": 4, "sft_lr": 2e-3, "tag_lr_scale": 10.0,
+                "sft_steps": 48, "sft_batch": 4, "sft_lr": 2e-3, "tag_lr_scale": 10.0,
                 "micro_batch": 4, "rl_easy_steps": 6, "prompts_per_step": 4, "group_size": 8, "lr": 5e-4,
                 "easy_reward": "valid_parallel:0.5,answered:0.5", "temperature": 0.6,
                 "max_new_tokens": 512, "max_path_tokens": 256,

