@@ -74,11 +74,17 @@ PRESETS = {  # name -> the TrainConfig fields it changes
     # teach the tags), 40 cold-start steps of 4 traces (tag rows 10x, warm-up: at 2e-3 without it one step broke
     # the model), few short GRPO steps, 40 held-out problems, T = 0.7. dtype auto: bfloat16 on a CPU with bfloat16
     # instructions (1.9x faster a cold-start step here, bench/dtype.py), float32 on one without.
-    "qwen": {"model": "pypi:qwen2.5-coder-0.5b", "out": "runs/qwen", "instructions": "answer",
+    "qwen": (qwen := {"model": "pypi:qwen2.5-coder-0.5b", "out": "runs/qwen", "instructions": "answer",
              "sft_steps": 40, "sft_batch": 4, "sft_lr": 5e-4, "tag_lr_scale": 10.0, "warmup_steps": 4,
              "micro_batch_tokens": 1024, "rl_easy_steps": 6, "rl_hard_steps": 4, "prompts_per_step": 4,
              "group_size": 8, "lr": 2e-5, "temperature": 0.7, "max_new_tokens": 512, "max_path_tokens": 256,
-             "eval_data": "gsm8k,parallel-gsm8k:heldout", "eval_problems": 40, "eval_samples": 1, "eval_batch": 40},
+             "eval_data": "gsm8k,parallel-gsm8k:heldout", "eval_problems": 40, "eval_samples": 1, "eval_batch": 40}),
+    # the whole curriculum with the accuracy-only baseline in <= 2 hours on a CPU (docs/qwen.md): the qwen preset's
+    # cold start, then 5 stage-1 steps on GSM8K and 2 stage-2 steps on DAPO for each arm, at 4 prompts x 4 responses
+    # (Parallel-R1: 8 x 8, hundreds of steps) and 1e-4 (a few steps must move a LoRA adapter at all), each of the six
+    # models evaluated on 20 problems of each set (~6 minutes an evaluation here, against ~10 at 40)
+    "qwen-curriculum": {**qwen, "out": "runs/qwen-curriculum", "baseline": True, "rl_easy_steps": 5, "rl_hard_steps": 2,
+                        "group_size": 4, "lr": 1e-4, "eval_problems": 20, "eval_batch": 20},
     "smollm2": {"model": "pypi:smollm2", "out": "runs/smollm2", "skip": "rl-hard", "instructions": "none",
                 "sft_steps": 48, "sft_batch": 4, "sft_lr": 2e-3, "tag_lr_scale": 10.0,
                 "micro_batch": 4, "rl_easy_steps": 6, "prompts_per_step": 4, "group_size": 8, "lr": 5e-4,

@@ -161,7 +161,10 @@ def recipe(config: TrainConfig) -> list[Stage]:
     else:
         raise NanoparError(f"unknown recipe {c.recipe!r}: use one of {', '.join(RECIPES)}")
     if c.baseline:  # plain GRPO: plain decoding, a stray tag is text (nothing forks)
-        baseline = partial(stage, reward="accuracy", lr=c.lr, instructions="plain", mode="causal")
+        # the run's prompt without the parallel request: "plain" instead of "parallel", any other kept
+        # (the qwen preset's one-line answer request asks for no tags, and the given model is evaluated under it)
+        plain = "plain" if c.instructions == "parallel" else c.instructions
+        baseline = partial(stage, reward="accuracy", lr=c.lr, instructions=plain, mode="causal")
         stages += [
             baseline("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, start="pretrain" if base else ""),
             baseline("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps),

@@ -453,7 +453,7 @@ def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode
     """The recipes set prompts and modes as the papers do, whatever the global flags say: the
     cold-start data is generated with the parallel instructions (the toy words them "in
     parallel") by plain generation, the accuracy-only baseline gets the plain prompt even under
-    --instructions parallel and decodes causally, NPR samples causally until its parallel SFT;
+    --instructions parallel (any other prompt kept) and decodes causally, NPR samples causally until its parallel SFT;
     config.json keeps the resolved values."""
     seen = half_right_sampler(monkeypatch)
     train.main(["--out", str(tmp_path / "r1"), "--sft-data", "", "--pretrain-data", "", "--stages", "cold-start-data",
@@ -472,6 +472,8 @@ def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode
         "pretrain": ("parallel", "causal"), "sft": ("parallel", "causal"), "rl-easy": ("parallel", "causal"),
         "rl-hard": ("parallel", "causal"), "baseline-rl-easy": ("plain", "causal"),
         "baseline-rl-hard": ("plain", "causal")}
+    assert {name: prompt for name, (prompt, _) in resolved("--instructions", "answer", "--baseline").items()
+            if name.startswith("baseline")} == {"baseline-rl-easy": "answer", "baseline-rl-hard": "answer"}
     assert resolved("--recipe", "npr") == {
         "pretrain": ("none", "causal"), "format-rl": ("parallel", "causal"), "rejection": ("parallel", "causal"),
         "sft": ("parallel", "structured"), "parallel-rl": ("parallel", "structured")}
