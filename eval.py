@@ -81,7 +81,7 @@ class EvalConfig(ScriptConfig):
     # how to sample (and every flag of ScriptConfig: --temperature, --paths, --max-new-tokens, ...)
     samples: int = 4  # k: responses per problem (mean@k, pass@k)
     pass_k: int = 0  # k of pass@k (0 = --samples)
-    instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own
+    instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own; a nanopar checkpoint: the prompt its stage was trained with
     batch_size: int = 32  # problems per sampler call (call b of each benchmark is seeded with --seed + b)
     speedup_batches: int = 1  # sampler calls per benchmark decoded again with and without forking, for the speedup (0 = off)
     speedup_repeats: int = 2  # timed rounds of that pair, taking turns; the best of each counts

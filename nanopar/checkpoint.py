@@ -53,13 +53,14 @@ def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, schedu
 
 def trained_with(model: str) -> dict:
     """What a nanopar checkpoint says of how it was trained, from its run_config.json: {"schema",
-    "mode", "path_stride"} as far as it holds them ({} for any other model). The mode is the
-    stage's own (NPR's format RL is causal in a structured run), saved by the runner."""
+    "mode", "path_stride", "instructions"} as far as it holds them ({} for any other model). The
+    mode and the prompt are the stage's own (NPR's format RL is causal in a structured run, a
+    baseline is prompted plainly in a parallel run), saved by the runner."""
     config = Path(model) / "run_config.json"
     if not model or not config.is_file():
         return {}
     saved = json.loads(config.read_text())
-    return {key: saved[key] for key in ("schema", "mode", "path_stride") if key in saved}
+    return {key: saved[key] for key in ("schema", "mode", "path_stride", "instructions") if key in saved}
 
 
 def latest_checkpoint(stage_folder: str | Path) -> Path | None:

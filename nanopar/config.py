@@ -45,7 +45,7 @@ class ScriptConfig(SamplerSettings):
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)
     path_stride: int = 0  # structured: path k starts at position start + k * stride (0 = shared; disjoint from max_path_tokens + 2, NPR: + 2 + its label "k:")
     temperature: float = 1.0  # sampling temperature, the policy GRPO trains (0 = greedy)
-    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain" or "none"
+    instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain", "answer" (a one-line request for a boxed answer) or "none"; eval.py and sample.py on a nanopar checkpoint: the prompt its stage was trained with
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     seed: int = 0  # seeds every draw (train.py: also LoRA init and the problem order)
 

@@ -55,7 +55,8 @@ class TrainConfig(ScriptConfig):
     sample.py."""
 
     # the run
-    out: str = "runs/default"  # run folder: config, metrics.jsonl, one folder per stage
+    out: str = "auto"  # run folder: config, metrics.jsonl, one folder per stage; "auto" = runs/default for the toy, runs/<model name> for real weights, a preset's own (nanopar/run_folder.py)
+    restart: bool = False  # train again the stages of --out whose saved settings differ from this command's (their folders are deleted); without it such a folder is refused
     recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
     stages: str = "all"  # comma list of stage names to run, or "all"
     skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
@@ -127,7 +128,7 @@ def recipe(config: TrainConfig) -> list[Stage]:
     for flag, value in (("--lr", c.lr), ("--sft-lr", c.sft_lr), ("--pretrain-lr", c.pretrain_lr)):
         if not value > 0:
             raise NanoparError(f"{flag} must be > 0, not {value:g}")
-    if "auto" in (c.pretrain_data, c.pretrained_base, c.sft_data, c.eval_data) or not c.schema or not c.distill_tries:
+    if "auto" in (c.out, c.pretrain_data, c.pretrained_base, c.sft_data, c.eval_data) or not c.schema or not c.distill_tries:
         raise NanoparError("recipe() needs a resolved config: call defaults.resolve(config, argv) first")
     # what the recipe leaves open, the flags decide
     stage = partial(Stage, instructions=c.instructions, mode=c.mode, advantage=c.advantage)

@@ -8,9 +8,9 @@ The dataclass defaults are the toy world's (a laptop runs the whole curriculum i
        `.gguf` file, a checkpoint of one): REAL_SAMPLING for every script, REAL_TRAINING for
        train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, a GPU's budgets),
        and on a CPU --dtype auto made concrete (`cpu_dtype`: bfloat16 where the CPU has it)
-    3. the placeholders: "auto" pretraining traces, shipped base, cold-start traces and evaluation sets,
+    3. the placeholders: "auto" run folder (`run_folder.default_out`), pretraining traces, shipped base, cold-start traces and evaluation sets,
        "" schema, 0 distil tries;
-       eval.py and sample.py take a checkpoint's schema, attention mode and path stride
+       eval.py and sample.py take a checkpoint's schema, attention mode, path stride and prompt
     4. the schema's: NPR's plan cap (--paths) is its engine's, 5, not Parallel-R1's K
 
 and returns what it changed, which the scripts print and save. Not here: the flags themselves
@@ -30,6 +30,7 @@ from .checkpoint import trained_with
 from .config import flags_given
 from .data import load_problems, source_for, heldout_set_of
 from .model import cpu_bf16_instructions, is_built
+from .run_folder import default_out
 
 REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1's K = 2, budgets for real answers
 
@@ -100,7 +101,7 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
         _resolve_training_placeholders(config, put)
     else:  # a checkpoint evaluated or sampled as it was trained: its tags, attention and positions
         trained = trained_with(config.model)
-        for field in ("mode", "path_stride"):
+        for field in ("mode", "path_stride", "instructions"):
             if field in trained and field not in given:
                 put(field, trained[field])
         put("schema", config.schema or trained.get("schema") or "parallel-r1")
@@ -128,6 +129,8 @@ def _resolve_training_placeholders(config, put) -> None:
         raise NanoparError(f"unknown recipe {config.recipe!r}: use one of {', '.join(RECIPE_SCHEMAS)}")
     put("schema", config.schema or RECIPE_SCHEMAS[config.recipe])
     put("distill_tries", config.distill_tries or DISTILL_TRIES[config.recipe])
+    if config.out == "auto":
+        put("out", default_out(config, built_from_code(config.model)))
     if config.sft_data == "auto":
         put("sft_data", "" if config.teacher else COLD_START[config.recipe])
     source = source_for(config.easy_data)

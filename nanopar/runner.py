@@ -7,14 +7,15 @@
       2-cold-start-data/     traces.jsonl (a distill stage writes traces, not a model)
       3-sft/ ...
 
-A stage whose `final/` (or `traces.jsonl`) exists is done and skipped; a stage with checkpoints
-resumes from the latest: model, optimiser, scheduler and RNG states, and the step. Everything a
+A stage whose `final/` (or `traces.jsonl`) exists is done and skipped, and a stage with checkpoints
+resumes from the latest, when the command would train it the same way (else `open_run` refuses
+the folder, run_folder.py): model, optimiser, scheduler and RNG states, and the step. Everything a
 step draws is seeded from (seed, stage, step), so a resumed run repeats exactly what the
 interrupted one would have done. Ctrl-C saves a checkpoint first. Under torchrun every process
 runs this loop on its share of each step (distributed.py) and rank 0 alone writes the folders,
 the log and the checkpoints; every process resumes from the same checkpoint. One GRPO step is
 `grpo.grpo_step`, one SFT step `sft.sft_step`; `open_run` makes a checked Runner from a resolved
-config. Not here: the stage lists (curriculum.py), what a run reads (run_inputs.py), held-out
+config, refusing a folder whose stages were trained with other settings (run_folder.py). Not here: the stage lists (curriculum.py), what a run reads (run_inputs.py), held-out
 evaluation (heldout.py), the final table (show.py).
 """
 
@@ -46,6 +47,7 @@ from .optim import make_optimizer
 from .policy import Policy
 from .prompts import instructions_named, stop_ids
 from .rewards import schedule_from_string
+from .run_folder import check_reuse
 from .run_inputs import RunInputs
 from .sampler import SamplerSettings
 from .sft import sft_step
@@ -95,7 +97,8 @@ class Runner:
         def save(name: str) -> None:  # under torchrun rank 0 writes: every process holds the same state
             if distributed.is_main():
                 save_checkpoint(folder / name, model, tokenizer, optimizer, scheduler, step,
-                                vars(config) | {"stage": stage.name, "mode": stage.mode})  # the mode it was trained in
+                                vars(config) | {"stage": stage.name, "mode": stage.mode,  # the mode and prompt
+                                                "instructions": stage.instructions})  # it was trained with
 
         with progress(self.console) as bar:
             title = f"{stage.name} ({stage.instructions} prompt, {stage.mode})"
@@ -319,6 +322,9 @@ def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runne
     chosen = select(stages, config.stages)
     runner = Runner(config, stages, console)
     runner.validate(chosen)
+    restarted = check_reuse(config, stages, runner.folder, runner.log)  # a folder trained otherwise: refused
+    if restarted:
+        runner.console.print(f"--restart: deleted {', '.join(restarted)} of {config.out}; they train again")
     return runner, chosen
 
 

@@ -102,22 +102,25 @@ def test_npr_schema_samples_in_npr_tags(tmp_path):
 
 
 def test_a_checkpoint_is_sampled_as_it_was_trained(tmp_path):
-    """eval.py and sample.py read the schema, attention mode and path stride a checkpoint was
-    trained with (its stage's mode, saved by the runner); a flag still wins."""
+    """eval.py and sample.py read the schema, attention mode, path stride and prompt a checkpoint
+    was trained with (its stage's mode and prompt, saved by the runner); a flag still wins."""
     import eval as eval_script
 
     from nanopar.config import parse_config
     from nanopar.defaults import resolve
 
-    (tmp_path / "run_config.json").write_text('{"schema": "npr", "mode": "causal", "path_stride": 50}')
+    (tmp_path / "run_config.json").write_text('{"schema": "npr", "mode": "causal", "path_stride": 50, '
+                                              '"instructions": "parallel"}')
     for kind in (sample.SampleConfig, eval_script.EvalConfig):
         config = parse_config(kind, ["--model", str(tmp_path)])
         resolve(config, ["--model", str(tmp_path)])
-        assert (config.schema, config.mode, config.path_stride) == ("npr", "causal", 50)
-        argv = ["--model", str(tmp_path), "--schema", "parallel-r1", "--mode", "structured", "--path-stride", "0"]
+        assert (config.schema, config.mode, config.path_stride, config.instructions) == ("npr", "causal", 50, "parallel")
+        argv = ["--model", str(tmp_path), "--schema", "parallel-r1", "--mode", "structured", "--path-stride", "0",
+                "--instructions", "plain"]
         config = parse_config(kind, argv)
         resolve(config, argv)
-        assert (config.schema, config.mode, config.path_stride) == ("parallel-r1", "structured", 0)
+        assert (config.schema, config.mode, config.path_stride, config.instructions) == (
+            "parallel-r1", "structured", 0, "plain")
     config = parse_config(sample.SampleConfig, ["--model", "tiny:qwen3"])
     resolve(config, ["--model", "tiny:qwen3"])
     assert (config.schema, config.mode, config.path_stride) == ("parallel-r1", "structured", 0)

@@ -530,10 +530,13 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
     assert inputs["sft"] == str(out / "1-pretrain" / "final") != inputs["parallel-rl"]
     assert inputs["rejection"] == str(out / "2-format-rl" / "final")
     # each checkpoint says the attention it was trained in, which eval.py and sample.py then use
-    modes = {stage: json.loads((out / stage / "final" / "run_config.json").read_text())["mode"]
+    saved = {stage: json.loads((out / stage / "final" / "run_config.json").read_text())
              for stage in ("1-pretrain", "2-format-rl", "4-sft", "5-parallel-rl")}
-    assert modes == {"1-pretrain": "causal", "2-format-rl": "causal", "4-sft": "structured",
-                     "5-parallel-rl": "structured"}
+    assert {stage: run["mode"] for stage, run in saved.items()} == {
+        "1-pretrain": "causal", "2-format-rl": "causal", "4-sft": "structured", "5-parallel-rl": "structured"}
+    # and the prompt: NPR's from format RL on, whatever the run's --instructions ("none")
+    assert {stage: run["instructions"] for stage, run in saved.items()} == {
+        "1-pretrain": "none", "2-format-rl": "parallel", "4-sft": "parallel", "5-parallel-rl": "parallel"}
     kept = read_jsonl(out / "3-rejection" / "traces.jsonl")
     assert len(kept) == 3  # the NPR recipe writes NPR's tags: the kept traces are NPR rounds
     assert all(check_parallel(r["response"], NPR).ok and "<Parallel>" not in r["response"] for r in kept)
