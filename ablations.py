@@ -23,8 +23,8 @@ block position, acceleration, ...), with the paper's numbers beside ours where i
 points of final accuracy; with it Unseen loses 8.6), (c) shared vs disjoint path positions.
 Every run is resumable as any run is (`Runner.run` skips a stage whose `final/` exists, resumes
 one from its last checkpoint; `HeldOut.evaluate` reuses an eval.json whose key matches): killed at any
-moment, the same command continues where it stopped. Every arm is checked (`Runner.validate`)
-before any model loads.
+moment, the same command continues where it stopped. Every arm is checked (`RunInputs.check`)
+before any model loads. The tables read only the arms' saved files (`results.py`).
 
 Its measured time and results: docs/results.md.
 
@@ -60,7 +60,7 @@ from nanopar.config import flags_given
 from nanopar.curriculum import TrainConfig, recipe
 from nanopar.data import read_jsonl
 from nanopar.evaluation import paired_difference
-from nanopar.heldout import stage_result
+from nanopar.results import saved_evaluation, stage_result
 from nanopar.runner import Runner, open_run
 from nanopar.show import metric_cell, set_label, stage_table
 
@@ -236,7 +236,7 @@ def tables(opened: dict) -> list[Table]:
                f"arm) and {c.rl_hard_steps} rl-hard steps. One seed: a few points are noise.")
     out = []
     for ablation in ABLATIONS:
-        columns = [(head, stage_result(opened[arm][1], opened[arm][1].stages[-1])) for head, arm in ablation.columns]
+        columns = [(head, _last_stage(opened, arm)) for head, arm in ablation.columns]
         out.append(stage_table(ablation.title, columns, extra_rows(ablation, opened),
                                caption=f"{ablation.note}. {caption}"))
     return out
@@ -268,7 +268,7 @@ def _difference(opened: dict, arm: str, other: str, spec: str) -> str:
     """Held-out accuracy of `arm`'s last stage minus `other`'s on one set (their eval.json), with
     the standard error of the per-problem differences (both see the same problems); without it
     when either result predates per-problem accuracies."""
-    with_, without = (opened[a][1].heldout.evaluate(opened[a][1].stages[-1])[spec] for a in (arm, other))
+    with_, without = (_last_evaluation(opened, a)[spec] for a in (arm, other))
     paired = paired_difference(without, with_)
     if paired is None:
         return _points(with_["accuracy"] - without["accuracy"])
@@ -277,8 +277,7 @@ def _difference(opened: dict, arm: str, other: str, spec: str) -> str:
 
 def _ratio(opened: dict, arm: str, spec: str) -> str:
     """An arm's held-out parallel ratio on one set ± its standard error over problems."""
-    runner = opened[arm][1]
-    result = runner.heldout.evaluate(runner.stages[-1])[spec]
+    result = _last_evaluation(opened, arm)[spec]
     error = result.get("parallel_ratio_se")  # None in an eval.json written before it was kept
     return f"{100 * result['parallel_ratio']:.1f}%" + (f" ± {100 * error:.1f}" if error is not None else "")
 
@@ -290,6 +289,18 @@ def _signal_steps(opened: dict, arm: str) -> str:
     name = runner.stages[-1].name
     steps = [r for r in read_jsonl(runner.out / "metrics.jsonl") if r.get("stage") == name and "step" in r]
     return f"{sum(not r.get('skipped_no_signal') for r in steps)} of {len(steps)}"
+
+
+def _last_stage(opened: dict, arm: str):
+    """An arm's last stage as the table shows it (`results.stage_result`: from its files)."""
+    runner = opened[arm][1]
+    return stage_result(runner.config, runner.stages, runner.stages[-1])
+
+
+def _last_evaluation(opened: dict, arm: str) -> dict:
+    """{data spec: results} of an arm's last stage, from its eval.json ({} without one)."""
+    runner = opened[arm][1]
+    return saved_evaluation(runner.config, runner.stages, runner.stages[-1]) or {}
 
 
 def _points(difference: float, error: float | None = None) -> str:

@@ -35,24 +35,25 @@ from rich.table import Table
 import ablations
 from nanopar import NanoparError, distributed
 from nanopar.config import parse_config
-from nanopar.curriculum import TrainConfig
+from nanopar.curriculum import Stage, TrainConfig, given_stage
 from nanopar.defaults import real_defaults, resolve
-from nanopar.heldout import stage_result
 from nanopar.metrics import plot_metrics
+from nanopar.results import stage_result
 from nanopar.rewards import load_reward_file
-from nanopar.runner import Runner, open_run
+from nanopar.runner import open_run
 from nanopar.show import stage_table
 
 
-def summary(runner: Runner, stages) -> Table:
-    """Stages as columns: their training numbers, then the held-out results of each stage's model."""
-    c = runner.config
-    given = [(f"{runner.heldout.given.name} (given)", stage_result(runner, runner.heldout.given))] \
-        if runner.heldout.given else []  # --eval-model: the configured model, before any stage
-    return stage_table(f"{runner.out}: held-out results after each stage (first {c.eval_problems} problems of each "
-                       f"set, {c.eval_samples} samples at T = {c.temperature:g})",
-                       given + [(f"{stage.name} (shipped)" if stage.shipped else stage.name, stage_result(runner, stage))
-                                for stage in stages])
+def summary(config: TrainConfig, stages: list[Stage], chosen: list[Stage]) -> Table:
+    """Stages as columns: their training numbers, then the held-out results of each stage's model,
+    read from the run folder's files (`results.stage_result`; a stage without an eval.json shows
+    none). `stages`: the whole recipe, `chosen`: the columns."""
+    given = given_stage(config, stages)  # --eval-model: the configured model, before any stage
+    columns = [(f"{given.name} (given)", given)] if given else []
+    columns += [(f"{stage.name} (shipped)" if stage.shipped else stage.name, stage) for stage in chosen]
+    return stage_table(f"{Path(config.out)}: held-out results after each stage (first {config.eval_problems} "
+                       f"problems of each set, {config.eval_samples} samples at T = {config.temperature:g})",
+                       [(head, stage_result(config, stages, stage)) for head, stage in columns])
 
 
 PRESETS = {  # name -> the TrainConfig fields it changes
@@ -121,11 +122,12 @@ def main(argv: list[str] | None = None) -> Path:
     runner, chosen = open_run(config, console)
     runner.write_config(resolved)
     started = time.perf_counter()
-    if runner.heldout.given:  # the configured model's numbers first: what the stages change
-        runner.heldout.evaluate(runner.heldout.given)
+    given = given_stage(config, runner.stages)
+    if given:  # the configured model's numbers first: what the stages change
+        runner.heldout.evaluate(given)
     for stage in chosen:
         runner.run(stage)
-    console.print(summary(runner, chosen))
+    console.print(summary(config, runner.stages, chosen))
     for stage in chosen:  # folder numbers depend on the recipe: say where each model is
         if stage.kind != "distill":
             console.print(f"{stage.name}: {runner.folder(stage) / 'final'}")

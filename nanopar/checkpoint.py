@@ -5,6 +5,8 @@ full model), its tokenizer, `trainer_state.pt` (optimiser, scheduler, step, RNG 
 run's config. It is written under a temporary name and renamed into place only when every file
 is there, so a crash or a Ctrl-C mid-write leaves no folder that looks like a checkpoint. The
 stage's result is the same kind of folder, named `final/`; the next stage loads it as a model.
+A model folder copied into place (a shipped base becoming a stage's `final/`) is copied the same
+way, whole or not at all (`copy_model_folder`).
 Not here: what a stage does with its state (runner.py).
 """
 
@@ -22,6 +24,15 @@ import torch
 from .model import save_checkpoint_model
 
 STATE = "trainer_state.pt"
+
+
+def copy_model_folder(source: str | Path, folder: Path, leave_out: str = "") -> None:
+    """Copy the model folder `source` to `folder` under a temporary name first, then rename it
+    into place, leaving out files named `leave_out`."""
+    temporary = folder.with_name(f".{folder.name}.incomplete")
+    shutil.rmtree(temporary, ignore_errors=True)
+    shutil.copytree(source, temporary, ignore=shutil.ignore_patterns(leave_out) if leave_out else None)
+    os.replace(temporary, folder)
 
 
 def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, scheduler=None, step: int = 0,

@@ -9,7 +9,9 @@ A `Stage` is data: its kind (distill: write traces; sft; grpo), problems, steps,
 schedule, traces, learning rate, and which stage's `final/` it starts from (by default the
 previous training stage's); every field is set when the recipe builds it. What each stage does
 and why: docs/recipes.md. `TrainConfig` is every flag of train.py, one commented field each.
-Not here: how a stage runs (runner.py), one GRPO step (grpo.py), defaults and presets
+`stage_folder` says where a stage's results live in the run folder, `given_stage` is the configured
+--model as a stage of its own (--eval-model: evaluated, not trained), `eval_sets` the --eval-data
+sets. Not here: how a stage runs (runner.py), one GRPO step (grpo.py), defaults and presets
 (defaults.py, train.py).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 
 from . import NanoparError
 from .config import ScriptConfig
@@ -179,6 +182,29 @@ def starting_stage(stages: list[Stage], stage: Stage) -> Stage | None:
         before = [s for s in stages[: stages.index(stage)] if s.kind != "distill"]
         return before[-1] if before else None
     return next((s for s in stages if s.name == stage.start), None) if stage.start else None
+
+
+def stage_folder(out: str | Path, stages: list[Stage], stage: Stage) -> Path:
+    """A stage's folder in the run folder `out`: numbered by its place in the recipe (1-pretrain,
+    2-sft, ...); the configured --model's (`given_stage`) is 0-model."""
+    if stage.kind == "given":
+        return Path(out) / f"0-{stage.name}"
+    return Path(out) / f"{stages.index(stage) + 1}-{stage.name}"
+
+
+def given_stage(config: TrainConfig, stages: list[Stage]) -> Stage | None:
+    """With --eval-model, the configured --model as a stage that is evaluated and not trained,
+    prompted and read as the recipe's first training stage will be; else None."""
+    if not config.eval_model:
+        return None
+    first = next((s for s in stages if s.kind in ("sft", "grpo")), None)
+    return Stage("model", "given", "", instructions=first.instructions if first else "none",
+                 mode=first.mode if first else "structured")
+
+
+def eval_sets(config: TrainConfig) -> list[str]:
+    """The --eval-data sets (`defaults.resolve` has turned "auto" into names)."""
+    return [spec.strip() for spec in config.eval_data.split(",") if spec.strip()]
 
 
 def skip(stages: list[Stage], names: str) -> list[Stage]:

@@ -8,11 +8,13 @@ kept; `KEEP` names the filters, each a judge of format.py:
               (Parallel-R1's cold start keeps what passes its format check with a block in it);
   structured  a strictly formatted trace with one block or more (`check_structured`; under NPR a
               round of one plan too): NPR's rejection filter, its format score >= 0.
-Not here: which model writes them, which filter a recipe uses, where they are saved (runner.py).
+`nothing_kept` is the error of a stage that kept none. Not here: which model writes them, which filter a
+recipe uses, where they are saved (runner.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from . import NanoparError, distributed
@@ -38,20 +40,22 @@ def keeps(keep: str, text: str, trace: Trace, problem: Problem) -> bool:
     raise NanoparError(f"unknown distill filter {keep!r}: use one of {', '.join(KEEP)}")
 
 
-def keep_traces(model, tokenizer, policy: Policy, problems: list[Problem], prompt_of: Callable[[Problem], list[int]],
-                settings_of: Callable[[int], SamplerSettings], eos: list[int], tries: int, chunk: int,
-                done: Callable[[int, int], None] | None = None, keep: str = "parallel") -> list[dict]:
-    """Sample `tries` responses per problem, `chunk` problems per sampler call (call i starting at
-    problem `start` uses `settings_of(start)`), and keep per problem the first response the filter
-    `keep` (a `KEEP` name) keeps, as an SFT record (id, question, answer, response).
-    `done(problems seen, kept)` after each call, for a progress bar. Under torchrun the calls are
-    dealt round-robin to the processes and the kept records gathered in call order on every one."""
+def keep_traces(model, tokenizer, policy: Policy, problems: list[Problem], prompts: list[list[int]],
+                settings: SamplerSettings, eos: list[int], tries: int, chunk: int, keep: str = "parallel",
+                done: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Sample `tries` responses per problem (its prompt ids: `prompts`), `chunk` problems per
+    sampler call (the call starting at problem `start` seeded with `settings.seed + start`, unless None), and
+    keep per problem the first response the filter `keep` (a `KEEP` name) keeps, as an SFT record
+    (id, question, answer, response). `done(problems seen, kept)` after each call, for a progress
+    bar. Under torchrun the calls are dealt round-robin to the processes and the kept records
+    gathered in call order on every one."""
     if keep not in KEEP:
         raise NanoparError(f"unknown distill filter {keep!r}: use one of {', '.join(KEEP)}")
     mine = []  # the kept records of each call this process makes: under torchrun every N-th, else all
     for start in distributed.share(list(range(0, len(problems), chunk))):
         batch = problems[start : start + chunk]
-        rollouts = sample(model, [prompt_of(p) for p in batch], policy, settings_of(start), eos, tries)
+        seeded = replace(settings, seed=None if settings.seed is None else settings.seed + start)
+        rollouts = sample(model, prompts[start : start + chunk], policy, seeded, eos, tries)
         kept = []
         for k, problem in enumerate(batch):
             for rollout in rollouts[k * tries : (k + 1) * tries]:
@@ -64,3 +68,13 @@ def keep_traces(model, tokenizer, policy: Policy, problems: list[Problem], promp
         if done is not None:
             done(start + len(batch), sum(map(len, mine)))
     return [record for call in distributed.unshare(mine, "the gather of the kept traces") for record in call]
+
+
+def nothing_kept(stage, problems: int, recipe: str) -> str:
+    """The one-line error of a distill stage that kept no trace of `problems` problems: what to do
+    instead under the run's recipe."""
+    fix = ("give ready traces with --sft-data" if recipe == "parallel-r1" else
+           "NPR distils its own traces, so it needs a model that follows its format some of the time "
+           "(an instruct model prompted with it): raise --distill-tries or --rl-easy-steps (format RL), "
+           "or run --recipe parallel-r1, whose cold start reads --sft-data")
+    return f"{stage.name}: no {KEEP[stage.keep]} in {problems} problems; the model cannot write them yet: {fix}"

@@ -70,6 +70,13 @@ class GRPOSettings:
     def __post_init__(self):
         head_read_for(self.head_read, 0)  # a clear error now for an unknown read, not at the first update
 
+    @classmethod
+    def from_flags(cls, config, stage) -> "GRPOSettings":
+        """A GRPO stage's settings in a run: a field the stage sets itself (`drop_invalid`,
+        `advantage`: curriculum.Stage) from the stage, every other from train.py's flag of the same
+        name. The defaults above serve direct callers (tests, benchmarks); a run takes none of them."""
+        return cls(**{name: getattr(stage if hasattr(stage, name) else config, name) for name in cls.__dataclass_fields__})
+
 
 def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: list[list[int]], policy: Policy,
               sampling: SamplerSettings, settings: GRPOSettings, reward: dict[str, float],

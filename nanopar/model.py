@@ -1,6 +1,7 @@
 """Load a Qwen model for parallel thinking: hub id or local folder, 4-bit NF4, LoRA, tags as tokens.
 
   - `ModelSettings`, one flat dataclass of everything that decides how a model is loaded;
+  - `load_with_policy`: what a script loads, (model, tokenizer, `Policy`), from its config's flags;
   - `load_model`: tokenizer + causal LM from a hub id, a local folder, a nanopar checkpoint
     folder holding a LoRA adapter (its base model is loaded first, then the adapter), a GGUF
     file (`gguf_folder`: de-quantised once into a model folder next to it), or a name built
@@ -28,6 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from . import NanoparError
+from .policy import Policy
 from .tags import PARALLEL_R1, TagIds, TagSchema, add_tag_tokens
 from . import data, wheels
 from .tiny import TINY_MODELS, TINY_PREFIX, tiny_named
@@ -55,6 +57,13 @@ class ModelSettings:
     lora_dropout: float = 0.0  # dropout on the LoRA input (train mode only)
     lora_target_modules: tuple[str, ...] = QWEN_PROJECTIONS  # Qwen attention + MLP projections
     train_tag_embeddings: bool = True  # with LoRA, also train the tag rows of the embedding(s)
+
+    @classmethod
+    def from_flags(cls, config, name: str) -> "ModelSettings":
+        """Model `name` loaded as a script's config says: every field of this class the config has
+        (train.py's the LoRA ones too; eval.py and sample.py only --dtype, --device, --load-in-4bit)."""
+        return cls(name, **{f: getattr(config, f) for f in cls.__dataclass_fields__
+                            if f != "name_or_path" and hasattr(config, f)})
 
 
 def resolve_device_and_dtype(settings: ModelSettings) -> tuple[str, torch.dtype]:
@@ -90,6 +99,16 @@ def cpu_bf16_instructions() -> str:
     except OSError:
         return "none"
     return " ".join(flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags) or "none"
+
+
+def load_with_policy(config, name: str, mode: str, schema: TagSchema) -> tuple:
+    """(model, tokenizer, the `Policy` it samples and trains with in attention mode `mode`): model
+    `name` loaded as a script's config says (`ModelSettings.from_flags`), seeded first by --seed
+    (LoRA's initial A matrices), the policy at the config's --temperature and --path-stride. The
+    one road by which train.py, eval.py and sample.py load a model."""
+    torch.manual_seed(config.seed)
+    model, tokenizer = load_model(ModelSettings.from_flags(config, name), schema)
+    return model, tokenizer, Policy.for_tokenizer(tokenizer, mode, config.temperature, config.path_stride, schema)
 
 
 def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):

@@ -1,6 +1,6 @@
-"""What a run reads: its training problems, SFT traces, prompts, and held-out problems.
+"""What a run reads: its training problems, SFT traces, prompts, and held-out problems, checked.
 
-    RunInputs(config, stages, schema, folder_of)
+    RunInputs(config, stages, schema)
       .problems("toy:easy")       a training set, less what an evaluation set holds out of it
       .traces(stage)              SFT traces: a distill stage's traces.jsonl or a data spec
       .check_traces(stage)        a data spec's traces, checked: present, and parallel where they must be
@@ -8,22 +8,27 @@
       .prompt(problem, tok, stage)  the prompt ids, with the stage's instructions
       .eval_sets() / .eval_problems(spec)   the resolved --eval-data and its first N problems
       .batch_of_step(items, n, stage, step)  what step `step` trains on (seeded, resumable)
+      .check(chosen)              every setting and input of the stages, checked before any model loads
 
-Loaded sets are kept for the run. Not here: models (runner.py), held-out evaluation (heldout.py),
-what "auto" evaluation data means (defaults.py).
+Loaded sets are kept for the run; `check` fails on a bad setting or input before any model loads
+(not an hour in). Not here: models (runner.py), held-out evaluation (heldout.py), what "auto"
+evaluation data means (defaults.py).
 """
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Callable
 
-from . import NanoparError
-from .curriculum import Stage, TrainConfig
+from . import NanoparError, distributed
+from .curriculum import Stage, TrainConfig, eval_sets, stage_folder
 from .data import Problem, load_problems, load_traces, split_slice
 from .format import check_parallel
+from .forward import head_read_for
+from .policy import Policy
 from .prompts import build_prompt, instructions_named
+from .rewards import schedule_from_string
+from .sampler import SamplerSettings
 from .tags import SCHEMAS, TagSchema
 
 PARALLEL_SFT = "sft"  # the SFT stage that teaches the schema: Parallel-R1's cold start, NPR's parallel SFT
@@ -32,8 +37,8 @@ PARALLEL_SFT = "sft"  # the SFT stage that teaches the schema: Parallel-R1's col
 class RunInputs:
     """The data of one run, read through its config (every placeholder already resolved)."""
 
-    def __init__(self, config: TrainConfig, stages: list[Stage], schema: TagSchema, folder_of: Callable[[Stage], Path]):
-        self.config, self.stages, self.schema, self.folder_of = config, stages, schema, folder_of
+    def __init__(self, config: TrainConfig, stages: list[Stage], schema: TagSchema):
+        self.config, self.stages, self.schema = config, stages, schema
         self._problems: dict[str, list[Problem]] = {}  # loaded training sets, by spec
 
     def problems(self, spec: str) -> list[Problem]:
@@ -51,7 +56,8 @@ class RunInputs:
     def traces(self, stage: Stage) -> list[dict]:
         """The SFT traces: a distill stage's output, or a data spec (a .jsonl, toy:parallel, ...)."""
         by_name = {s.name: s for s in self.stages}
-        spec = str(self.folder_of(by_name[stage.traces]) / "traces.jsonl") if stage.traces in by_name else stage.traces
+        spec = (str(stage_folder(self.config.out, self.stages, by_name[stage.traces]) / "traces.jsonl")
+                if stage.traces in by_name else stage.traces)
         try:
             return load_traces(spec, self.schema)
         except NanoparError as error:  # the same error, saying which stage asked
@@ -117,13 +123,45 @@ class RunInputs:
         return picked
 
     def eval_sets(self) -> list[str]:
-        """The --eval-data sets (`defaults.resolve` has turned "auto" into names)."""
-        return [spec.strip() for spec in self.config.eval_data.split(",") if spec.strip()]
+        """The --eval-data sets (`curriculum.eval_sets`)."""
+        return eval_sets(self.config)
 
     def eval_problems(self, spec: str) -> list[Problem]:
         """The first --eval-problems problems of an evaluation set (a fixed list: every stage sees the same)."""
         config = self.config
         return load_problems(spec, config.question_field or None, config.answer_field or None, config.eval_problems)
+
+    def check(self, chosen: list[Stage]) -> list[str]:
+        """Fail on a bad setting, reward, data set or traces file before any model loads (not an
+        hour in): the sampler's settings and every stage's prompt, mode and reward for the whole
+        recipe (a misspelt reward of a later stage too), the data of the stages `chosen` to run.
+        -> the lines to print about traces that are not all parallel (`check_traces`)."""
+        config, notes = self.config, []
+        SamplerSettings.from_flags(config).check()
+        if config.eval_batch < 1:
+            raise NanoparError(f"--eval-batch must be >= 1, not {config.eval_batch}")
+        kinds = {stage.kind for stage in chosen if not stage.shipped}
+        if "grpo" in kinds:  # torchrun: every process samples whole groups, the same number of them
+            distributed.check_divides(config.prompts_per_step, "--prompts-per-step")
+        if "sft" in kinds:
+            distributed.check_divides(config.sft_batch, "--sft-batch")
+        head_read_for(config.head_read, 0)  # a known training read
+        for stage in self.stages:
+            instructions_named(stage.instructions)
+            Policy(None, stage.mode)  # a known attention mode
+            if stage.kind == "grpo":
+                schedule_from_string(stage.reward)
+        for stage in chosen:
+            if stage.shipped and not (Path(stage.shipped) / "config.json").is_file():
+                raise NanoparError(f"--pretrained-base {stage.shipped}: not a model folder (no config.json); "
+                                   "give a stage's final/ folder, or '' to pretrain here")
+            if stage.kind in ("grpo", "distill"):
+                self.problems(stage.data)
+            if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
+                notes += [note] if (note := self.check_traces(stage)) else []
+        for spec in self.eval_sets() if config.eval_problems else []:
+            self.eval_problems(spec)
+        return notes
 
 
 def _tail(spec: str) -> tuple[str, int]:

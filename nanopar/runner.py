@@ -9,14 +9,16 @@
 
 A stage whose `final/` (or `traces.jsonl`) exists is done and skipped, and a stage with checkpoints
 resumes from the latest, when the command would train it the same way (else `open_run` refuses
-the folder, run_folder.py): model, optimiser, scheduler and RNG states, and the step. Everything a
+the folder, run_folder.py): model, optimiser, scheduler and RNG states, and the step. A training
+stage's loop is resume -> step -> log -> checkpoint, its step chosen before it: one SFT step
+(`sft.sft_step`) or one GRPO step (`grpo.grpo_step`) with the data of that step. Everything a
 step draws is seeded from (seed, stage, step), so a resumed run repeats exactly what the
 interrupted one would have done. Ctrl-C saves a checkpoint first. Under torchrun every process
 runs this loop on its share of each step (distributed.py) and rank 0 alone writes the folders,
-the log and the checkpoints; every process resumes from the same checkpoint. One GRPO step is
-`grpo.grpo_step`, one SFT step `sft.sft_step`; `open_run` makes a checked Runner from a resolved
-config, refusing a folder whose stages were trained with other settings (run_folder.py). Not here: the stage lists (curriculum.py), what a run reads (run_inputs.py), held-out
-evaluation (heldout.py), the final table (show.py).
+the log and the checkpoints; every process resumes from the same checkpoint. `open_run` makes a
+checked Runner from a resolved config. Not here: the stage lists (curriculum.py), what a run
+reads and checking it (run_inputs.py), held-out evaluation (heldout.py), the final table
+(results.py, show.py).
 """
 
 from __future__ import annotations
@@ -27,25 +29,23 @@ import random
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
-import torch
 import transformers
 from rich.console import Console
 
 from . import NanoparError, distributed
-from .checkpoint import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
+from .checkpoint import copy_model_folder, latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint
 from .config import save_config
-from .curriculum import Stage, TrainConfig, recipe, select, starting_stage
+from .curriculum import Stage, TrainConfig, recipe, select, stage_folder, starting_stage
 from .data import write_jsonl
-from .distill import KEEP, keep_traces
-from .forward import head_read_for
+from .distill import keep_traces, nothing_kept
 from .grpo import GRPOSettings, Reference, grpo_step
 from .heldout import HeldOut
 from .metrics import MetricsLog
-from .model import ModelSettings, load_model
+from .model import load_with_policy
 from .optim import make_optimizer
-from .policy import Policy
-from .prompts import instructions_named, stop_ids
+from .prompts import stop_ids
 from .rewards import schedule_from_string
 from .run_folder import check_reuse
 from .run_inputs import RunInputs
@@ -67,15 +67,16 @@ class Runner:
         self.log = MetricsLog(self.out / "metrics.jsonl")
         self.console = console or Console()
         self.schema = schema_named(config.schema)  # the tags every stage writes and reads
-        self.inputs = RunInputs(config, stages, self.schema, self.folder)  # problems, traces, prompts
-        self.heldout = HeldOut(self)  # held-out evaluation of each stage's model
+        self.inputs = RunInputs(config, stages, self.schema)  # problems, traces, prompts
+        self.heldout = HeldOut(config, stages, self.inputs, self.log, self.console)  # each stage's model evaluated
 
     # --- the loop -------------------------------------------------------------------------------
     def train(self, stage: Stage) -> None:
         """An SFT or GRPO stage: resume or start, step, log, checkpoint, finish with `final/`."""
         config, folder = self.config, self.folder(stage)
         checkpoint = latest_checkpoint(folder)
-        model, tokenizer, policy = self.load(str(checkpoint) if checkpoint else self.input_model(stage), stage.mode)
+        model, tokenizer, policy = load_with_policy(config, str(checkpoint) if checkpoint else self.input_model(stage),
+                                                    stage.mode, self.schema)
         model.train()
         # The tag rows' own rate serves the stages that teach the tags (SFT); GRPO moves them at its rate:
         # AdamW moves every entry by ~lr a step whatever the signal, and on SmolLM2 a GRPO stage with the
@@ -87,12 +88,8 @@ class Runner:
         if checkpoint:
             self.log.drop_after(stage.name, step)
             self.console.print(f"{stage.name}: resumed from {checkpoint.name}")
-        if stage.kind == "sft":
-            examples = self.inputs.sft_examples(stage, tokenizer)  # (prompt ids, response ids) pairs
-        else:
-            problems, schedule = self.inputs.problems(stage.data), schedule_from_string(stage.reward)
-            reference = self.reference(stage, model, resumed=checkpoint is not None)
-            settings = self.grpo_settings(stage)
+        steps_of = self.sft_steps if stage.kind == "sft" else self.grpo_steps
+        one_step = steps_of(stage, model, tokenizer, policy, optimizer, scheduler, resumed=checkpoint is not None)
 
         def save(name: str) -> None:  # under torchrun rank 0 writes: every process holds the same state
             if distributed.is_main():
@@ -106,22 +103,7 @@ class Runner:
             try:
                 while step < stage.steps:
                     communicated = distributed.seconds_communicating()
-                    if stage.kind == "sft":  # under torchrun each process trains its share of the batch
-                        batch = distributed.share(self.inputs.batch_of_step(examples, config.sft_batch, stage, step))
-                        started = time.perf_counter()
-                        metrics = sft_step(model, optimizer, [p for p, _ in batch], [r for _, r in batch], policy,
-                                           tokenizer.pad_token_id or 0, config.micro_batch, config.max_grad_norm,
-                                           scheduler, config.micro_batch_tokens, head_read=config.head_read)
-                        metrics["train_seconds"] = time.perf_counter() - started
-                    else:
-                        batch = distributed.share(self.inputs.batch_of_step(problems, config.prompts_per_step, stage,
-                                                                            step))  # whole groups per process
-                        prompts = [self.inputs.prompt(problem, tokenizer, stage) for problem in batch]
-                        sampling = SamplerSettings.from_flags(config, seed=self.sampling_seed(stage, step))
-                        rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
-                                                      settings, schedule.spec(step), reference, scheduler)
-                        if config.sample_every and (step + 1) % config.sample_every == 0:
-                            self.console.print(trace_tree(rollouts[0], tokenizer, title=f"{stage.name} step {step + 1}"))
+                    metrics = one_step(step)
                     step += 1
                     if distributed.active():  # time inside collectives this step (transfer + waiting)
                         metrics["communication_seconds"] = distributed.seconds_communicating() - communicated
@@ -135,6 +117,45 @@ class Runner:
                 raise SystemExit(f"interrupted: saved {folder / f'checkpoint-{step}'}; the same command resumes")
         save("final")
         distributed.barrier("waiting for rank 0 to save the stage's model")  # the next stage loads it on every process
+
+    def sft_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, resumed: bool
+                  ) -> Callable[[int], dict]:
+        """step -> its metrics: `sft.sft_step` on the step's --sft-batch traces (under torchrun
+        this process's share of them)."""
+        config, examples = self.config, self.inputs.sft_examples(stage, tokenizer)  # (prompt ids, response ids)
+
+        def one_step(step: int) -> dict:
+            batch = distributed.share(self.inputs.batch_of_step(examples, config.sft_batch, stage, step))
+            started = time.perf_counter()
+            metrics = sft_step(model, optimizer, [p for p, _ in batch], [r for _, r in batch], policy,
+                               tokenizer.pad_token_id or 0, config.micro_batch, config.max_grad_norm,
+                               scheduler, config.micro_batch_tokens, head_read=config.head_read)
+            return metrics | {"train_seconds": time.perf_counter() - started}
+        return one_step
+
+    def grpo_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, resumed: bool
+                   ) -> Callable[[int], dict]:
+        """step -> its metrics: `grpo.grpo_step` on the step's --prompts-per-step problems (under
+        torchrun this process's whole groups), rewarded as the stage's schedule says at that step."""
+        config, reference = self.config, None
+        problems, schedule = self.inputs.problems(stage.data), schedule_from_string(stage.reward)
+        if config.kl_beta > 0:  # the KL reference: the policy at the start of the stage, also when resuming
+            start = load_with_policy(config, self.input_model(stage), stage.mode, self.schema)[0] if resumed else None
+            reference = Reference(model, None if start is None else
+                                  [p.detach().clone() for p in start.parameters() if p.requires_grad])
+            del start
+        settings = GRPOSettings.from_flags(config, stage)
+
+        def one_step(step: int) -> dict:
+            batch = distributed.share(self.inputs.batch_of_step(problems, config.prompts_per_step, stage, step))
+            prompts = [self.inputs.prompt(problem, tokenizer, stage) for problem in batch]
+            sampling = SamplerSettings.from_flags(config, seed=sampling_seed(config.seed, stage, step))
+            rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
+                                          settings, schedule.spec(step), reference, scheduler)
+            if config.sample_every and (step + 1) % config.sample_every == 0:
+                self.console.print(trace_tree(rollouts[0], tokenizer, title=f"{stage.name} step {step + 1}"))
+            return metrics
+        return one_step
 
     def run(self, stage: Stage) -> None:
         """Run a stage unless it is done, then evaluate its model (training stages)."""
@@ -167,60 +188,49 @@ class Runner:
 
     def copy_shipped(self, stage: Stage) -> None:
         """A stage whose result ships with nanopar (the toy's pretrained bases): its folder becomes
-        the stage's final/, copied whole under a temporary name first (as a checkpoint is). An
-        eval.json shipped beside the model (its held-out evaluation at the defaults) becomes the
-        stage's: `HeldOut.evaluate` reuses it only where its key matches the run's settings."""
-        final = self.folder(stage) / "final"
+        the stage's final/, whole or not at all (`checkpoint.copy_model_folder`). An eval.json
+        shipped beside the model (its held-out evaluation at the defaults) becomes the stage's:
+        `HeldOut.evaluate` reuses it only where its key matches the run's settings."""
         evaluation = Path(stage.shipped) / "eval.json"
         if distributed.is_main():  # under torchrun rank 0 copies, the others wait for it
-            temporary = final.with_name(".final.incomplete")
-            shutil.rmtree(temporary, ignore_errors=True)
-            shutil.copytree(stage.shipped, temporary, ignore=shutil.ignore_patterns("eval.json"))
-            os.replace(temporary, final)
+            copy_model_folder(stage.shipped, self.folder(stage) / "final", leave_out="eval.json")
             if evaluation.exists():
                 shutil.copyfile(evaluation, self.folder(stage) / "eval.json")
         distributed.barrier("waiting for rank 0 to copy the shipped base")
         self.log.write({"stage": stage.name, "event": "shipped", "from": stage.shipped})
+        with_evaluation = ", with its held-out evaluation at the default settings" if evaluation.exists() else ""
         self.console.print(f"{stage.name}: copied the pretrained base {stage.shipped}, not trained here "
-                           "(--pretrained-base '' pretrains it)" + (", with its held-out evaluation at the default "
-                                                                    "settings" if evaluation.exists() else ""),
-                           highlight=False)
+                           f"(--pretrained-base '' pretrains it){with_evaluation}", highlight=False)
 
     def distill(self, stage: Stage) -> None:
         """Sample `tries` responses per problem from the stage's teacher (Parallel-R1: --teacher, a
         strong model) or its input model (NPR's rejection: self-distillation); keep one correct trace
         per problem that passes the stage's filter (`stage.keep`: Parallel-R1's a valid parallel
         trace; NPR's its format, a round of one plan too)."""
-        model, tokenizer, policy = self.load(stage.teacher or self.input_model(stage), stage.mode)
-        problems = self.inputs.problems(stage.data)[: self.config.distill_problems or None]
+        config = self.config
+        model, tokenizer, policy = load_with_policy(config, stage.teacher or self.input_model(stage), stage.mode,
+                                                    self.schema)
+        problems = self.inputs.problems(stage.data)[: config.distill_problems or None]
+        prompts = [self.inputs.prompt(problem, tokenizer, stage) for problem in problems]
         with progress(self.console) as bar:
             task = bar.add_task(stage.name, total=len(problems))
-            kept = keep_traces(model, tokenizer, policy, problems, lambda p: self.inputs.prompt(p, tokenizer, stage),
-                               lambda start: SamplerSettings.from_flags(self.config, seed=self.config.seed + start),
-                               stop_ids(model, tokenizer), stage.tries, max(1, self.config.prompts_per_step),
+            kept = keep_traces(model, tokenizer, policy, problems, prompts, SamplerSettings.from_flags(config),
+                               stop_ids(model, tokenizer), stage.tries, max(1, config.prompts_per_step), stage.keep,
                                done=lambda seen, n: bar.update(task, completed=seen,
-                                                               description=f"{stage.name} kept {n}"),
-                               keep=stage.keep)
+                                                               description=f"{stage.name} kept {n}"))
         fraction = len(kept) / len(problems)
         self.log.write({"stage": stage.name, "event": "distill", "problems": len(problems), "kept": len(kept),
                         "kept_fraction": fraction})
         self.console.print(f"{stage.name}: kept {len(kept)} of {len(problems)} problems ({fraction:.1%})")
         if not kept:
-            fix = ("give ready traces with --sft-data" if self.config.recipe == "parallel-r1" else
-                   "NPR distils its own traces, so it needs a model that follows its format some of the time "
-                   "(an instruct model prompted with it): raise --distill-tries or --rl-easy-steps (format RL), "
-                   "or run --recipe parallel-r1, whose cold start reads --sft-data")
-            raise NanoparError(f"{stage.name}: no {KEEP[stage.keep]} in {len(problems)} problems; "
-                               f"the model cannot write them yet: {fix}")
+            raise NanoparError(nothing_kept(stage, len(problems), config.recipe))
         if distributed.is_main():  # every process holds them all (keep_traces gathers)
             write_jsonl(self.folder(stage) / "traces.jsonl", kept)
         distributed.barrier("waiting for rank 0 to write the traces")
 
     # --- where things are -------------------------------------------------------------------
     def folder(self, stage: Stage) -> Path:
-        if stage.kind == "given":  # the configured --model: its evaluation only
-            return self.out / f"0-{stage.name}"
-        return self.out / f"{self.stages.index(stage) + 1}-{stage.name}"
+        return stage_folder(self.out, self.stages, stage)
 
     def done(self, stage: Stage) -> bool:
         return (self.folder(stage) / ("traces.jsonl" if stage.kind == "distill" else "final")).exists()
@@ -237,43 +247,6 @@ class Runner:
                                f"({final} is missing): run it first, or leave it out with --skip {source.name}")
         return str(final)
 
-    # --- what a stage reads -----------------------------------------------------------------
-    def load(self, name: str, mode: str) -> tuple:
-        """(model, tokenizer, the Policy it samples and trains with in attention mode `mode`)."""
-        config = self.config
-        torch.manual_seed(config.seed)  # LoRA's initial A matrices
-        model, tokenizer = load_model(ModelSettings(
-            name, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit,
-            gradient_checkpointing=config.gradient_checkpointing, lora=config.lora, lora_rank=config.lora_rank,
-            lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout), self.schema)
-        return model, tokenizer, Policy.for_tokenizer(tokenizer, mode, config.temperature, config.path_stride, self.schema)
-
-    def reference(self, stage: Stage, model, resumed: bool) -> Reference | None:
-        """The KL reference (--kl-beta > 0): the policy at the start of the stage, also when resuming."""
-        if self.config.kl_beta <= 0:
-            return None
-        values = None
-        if resumed:
-            start = self.load(self.input_model(stage), stage.mode)[0]
-            values = [p.detach().clone() for p in start.parameters() if p.requires_grad]
-            del start
-        return Reference(model, values)
-
-    def grpo_settings(self, stage: Stage) -> GRPOSettings:
-        config = self.config
-        return GRPOSettings(group_size=config.group_size, drop_invalid=stage.drop_invalid,
-                            advantage=stage.advantage, updates=config.updates, clip=config.clip,
-                            kl_beta=config.kl_beta, micro_batch=config.micro_batch,
-                            micro_batch_tokens=config.micro_batch_tokens,
-                            max_grad_norm=config.max_grad_norm, head_read=config.head_read)
-
-    def sampling_seed(self, stage: Stage, step: int) -> int:
-        """The seed of a GRPO step's sampling: one stream per process under torchrun (rank r > 0
-        adds "/rank-r"; rank 0's is the single process's), so a run repeats for a given N."""
-        rank = distributed.rank()
-        return random.Random(f"{self.config.seed}/{stage.name}/sample/{step}" + (f"/rank-{rank}" if rank else "")
-                             ).randrange(2**31)
-
     def write_config(self, resolved: dict | None = None) -> None:
         """<out>/config.json: every flag as resolved, what `defaults.resolve` changed, and the
         stages of the recipe this run holds. Rank 0 writes it under torchrun."""
@@ -282,50 +255,28 @@ class Runner:
         save_config(self.config, self.out, extra={"resolved_by_defaults": resolved or {},
                                                   "resolved_stages": [dataclasses.asdict(s) for s in self.stages]})
 
-    def validate(self, chosen: list[Stage]) -> None:
-        """Fail on a bad setting, reward, data set or traces file before any model loads (not an
-        hour in): the sampler's settings and every stage's prompt, mode and reward for the whole
-        recipe (a misspelt reward of a later stage too), the data of the stages that will run."""
-        SamplerSettings.from_flags(self.config).check()
-        if self.config.eval_batch < 1:
-            raise NanoparError(f"--eval-batch must be >= 1, not {self.config.eval_batch}")
-        kinds = {stage.kind for stage in chosen if not stage.shipped}
-        if "grpo" in kinds:  # torchrun: every process samples whole groups, the same number of them
-            distributed.check_divides(self.config.prompts_per_step, "--prompts-per-step")
-        if "sft" in kinds:
-            distributed.check_divides(self.config.sft_batch, "--sft-batch")
-        head_read_for(self.config.head_read, 0)  # a known training read
-        for stage in self.stages:
-            instructions_named(stage.instructions)
-            Policy(None, stage.mode)  # a known attention mode
-            if stage.kind == "grpo":
-                schedule_from_string(stage.reward)
-        for stage in chosen:
-            if stage.shipped and not (Path(stage.shipped) / "config.json").is_file():
-                raise NanoparError(f"--pretrained-base {stage.shipped}: not a model folder (no config.json); "
-                                   "give a stage's final/ folder, or '' to pretrain here")
-            if stage.kind in ("grpo", "distill"):
-                self.inputs.problems(stage.data)
-            if stage.kind == "sft" and stage.traces not in {s.name for s in self.stages}:
-                note = self.inputs.check_traces(stage)  # how many are parallel where they should be
-                if note:
-                    self.console.print(note, markup=False, highlight=False, soft_wrap=True)
-        for spec in self.inputs.eval_sets() if self.config.eval_problems else []:
-            self.inputs.eval_problems(spec)
-
 
 def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runner, list[Stage]]:
     """The run a resolved `config` describes, checked and ready: its Runner (over the whole
     recipe) and the stages --stages chooses. Every input is checked before any model loads
-    (`Runner.validate`)."""
+    (`RunInputs.check`)."""
     stages = recipe(config)
     chosen = select(stages, config.stages)
     runner = Runner(config, stages, console)
-    runner.validate(chosen)
+    for note in runner.inputs.check(chosen):  # how many traces are parallel where they should be
+        runner.console.print(note, markup=False, highlight=False, soft_wrap=True)
     restarted = check_reuse(config, stages, runner.folder, runner.log)  # a folder trained otherwise: refused
     if restarted:
         runner.console.print(f"--restart: deleted {', '.join(restarted)} of {config.out}; they train again")
     return runner, chosen
+
+
+def sampling_seed(seed: int, stage: Stage, step: int) -> int:
+    """The seed of a GRPO step's sampling, from (--seed, stage, step): one stream per process
+    under torchrun (rank r > 0 adds "/rank-r"; rank 0's is the single process's), so a run repeats
+    for a given N."""
+    rank = distributed.rank()
+    return random.Random(f"{seed}/{stage.name}/sample/{step}" + (f"/rank-{rank}" if rank else "")).randrange(2**31)
 
 
 def _brief(metrics: dict) -> str:

@@ -6,11 +6,13 @@ import json
 import pytest
 from rich.console import Console
 
+import nanopar.model
 import nanopar.runner
 import train
 from conftest import one_line, read_metrics
 import ablations
 from nanopar import NanoparError
+from nanopar.results import evaluation_key
 from nanopar.rewards import schedule_from_string
 
 TINY = ["--pretrain-steps", "2", "--sft-steps", "2", "--rl-easy-steps", "1", "--rl-hard-steps", "2",
@@ -30,7 +32,7 @@ def no_model(monkeypatch):
     def load_model(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(nanopar.runner, "load_model", load_model)
+    monkeypatch.setattr(nanopar.model, "load_model", load_model)  # every script loads through it
 
 
 def test_the_arms_differ_exactly_as_intended_and_share_one_cold_start(tmp_path, monkeypatch):
@@ -87,7 +89,7 @@ def fake_results(runner, stage, easy, hard, per_problem=None):
                sets[1]: result | {"accuracy": hard, "parallel_ratio": 0.25, "accuracy_se": hard / 10,
                                   "parallel_ratio_se": 0.02}
                | ({"per_problem": per_problem} if per_problem else {})}
-    (folder / "eval.json").write_text(json.dumps({"how": runner.heldout.key(stage), "results": results}))
+    (folder / "eval.json").write_text(json.dumps({"how": evaluation_key(runner.config, runner.stages, stage), "results": results}))
     (runner.out / "metrics.jsonl").write_text("")
 
 

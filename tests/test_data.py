@@ -212,7 +212,7 @@ def test_the_cold_start_traces_of_a_run_are_judged_in_its_schema(schema, other, 
         config = TrainConfig(recipe=recipe_name, schema=schema.name, sft_data=sft_data)
         resolve(config, ["--recipe", "--schema", "--sft-data"])
         stages = recipe(config)
-        return {s.name: s for s in stages}, RunInputs(config, stages, schema, lambda stage: tmp_path / stage.name)
+        return {s.name: s for s in stages}, RunInputs(config, stages, schema)
 
     mine = load_traces("toy:parallel", schema)  # the teacher's: 85% parallel, the rest without tags
     parallel = [r for r in mine if schema.block_open in r["response"]]
@@ -250,7 +250,7 @@ def test_a_step_takes_its_items_from_one_seeded_shuffle_per_epoch(tmp_path):
 
     items, count, config = [f"trace {i}" for i in range(10)], 4, TrainConfig(seed=7)
     stage = Stage("sft", "sft", "toy:easy")
-    inputs = RunInputs(config, [stage], PARALLEL_R1, lambda s: tmp_path / s.name)
+    inputs = RunInputs(config, [stage], PARALLEL_R1)
 
     def by_position(p):
         order = list(range(len(items)))

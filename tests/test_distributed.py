@@ -208,10 +208,9 @@ def distill_job() -> list[dict]:
     real = nanopar.distill.keeps
     nanopar.distill.keeps = lambda keep, text, trace, problem: is_correct(text, problem)
     try:
-        return keep_traces(model, tokenizer, policy, toy_problems("toy:easy")[:7],
-                           lambda p: build_prompt(p, tokenizer, ""),
-                           lambda start: SamplerSettings(max_new_tokens=120, seed=start),
-                           stop_ids(model, tokenizer), tries=2, chunk=2)
+        problems = toy_problems("toy:easy")[:7]
+        return keep_traces(model, tokenizer, policy, problems, [build_prompt(p, tokenizer, "") for p in problems],
+                           SamplerSettings(max_new_tokens=120, seed=0), stop_ids(model, tokenizer), tries=2, chunk=2)
     finally:
         nanopar.distill.keeps = real
 
@@ -369,17 +368,16 @@ def test_each_process_samples_from_its_own_seed_stream_and_rank_0_from_the_singl
     import random
 
     import train
-    from nanopar.runner import Runner, recipe
+    from nanopar.runner import recipe, sampling_seed
 
     config = train.resolved_config([])[0]
-    runner = Runner(config, recipe(config))
-    stage = runner.stages[-1]
-    single = runner.sampling_seed(stage, 3)
+    stage = recipe(config)[-1]
+    single = sampling_seed(config.seed, stage, 3)
     assert single == random.Random(f"0/{stage.name}/sample/3").randrange(2**31)  # as before processes
     seeds = []
     for rank in range(4):
         monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
-        seeds.append(runner.sampling_seed(stage, 3))
+        seeds.append(sampling_seed(config.seed, stage, 3))
     assert seeds[0] == single and len(set(seeds)) == 4
 
 

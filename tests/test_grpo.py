@@ -69,12 +69,10 @@ def test_batch_advantage_divides_by_the_std_of_the_kept_batch():
 def test_npr_parallel_rl_uses_batch_advantages_and_other_stages_the_flag():
     import train
     from nanopar.curriculum import recipe
-    from nanopar.runner import Runner
 
     config = train.resolved_config(["--recipe", "npr", "--advantage", "mean"])[0]
     stages = {stage.name: stage for stage in recipe(config)}
-    runner = Runner(config, list(stages.values()))
-    settings = {name: runner.grpo_settings(stage) for name, stage in stages.items() if stage.kind == "grpo"}
+    settings = {name: GRPOSettings.from_flags(config, stage) for name, stage in stages.items() if stage.kind == "grpo"}
     assert {name: (s.advantage, s.drop_invalid) for name, s in settings.items()} == {
         "format-rl": ("mean", False), "parallel-rl": ("batch", True)}
 
@@ -356,14 +354,34 @@ def test_micro_batches_by_a_token_budget_give_the_gradient_of_one_big_batch(monk
             torch.testing.assert_close(packed[name], grad, rtol=1e-5, atol=1e-8)
 
 
+def test_a_runs_grpo_settings_are_its_flags_and_its_stage_never_grpo_settings_own_defaults():
+    """Every GRPOSettings field is a train.py flag or a field a stage sets, so a run takes none of
+    GRPOSettings' own defaults (which serve direct callers): the toy's 16 responses a prompt and 16
+    rows a micro-batch, not GRPOSettings' 8 and 8."""
+    import dataclasses
+
+    import train
+    from nanopar.curriculum import Stage, TrainConfig, recipe
+
+    fields = set(GRPOSettings.__dataclass_fields__)
+    assert fields <= {f.name for f in dataclasses.fields(TrainConfig)} | {f.name for f in dataclasses.fields(Stage)}
+    config = train.resolved_config(["--updates", "2", "--clip", "0.3", "--kl-beta", "0.1", "--max-grad-norm", "0.5",
+                                    "--head-read", "plain"])[0]
+    rl_easy = next(s for s in recipe(config) if s.name == "rl-easy")
+    settings = GRPOSettings.from_flags(config, dataclasses.replace(rl_easy, drop_invalid=True, advantage="batch"))
+    assert dataclasses.asdict(settings) == {
+        "group_size": 16, "drop_invalid": True, "advantage": "batch", "updates": 2, "clip": 0.3, "kl_beta": 0.1,
+        "micro_batch": 16, "micro_batch_tokens": 0, "max_grad_norm": 0.5, "head_read": "plain"}
+    assert (GRPOSettings().group_size, GRPOSettings().micro_batch) == (8, 8)
+
+
 def test_micro_batch_tokens_is_a_flag_that_reaches_grpo_and_sft():
     import train
     from nanopar.curriculum import recipe
-    from nanopar.runner import Runner
 
     config = train.resolved_config(["--micro-batch-tokens", "4096"])[0]
     stages = recipe(config)
-    settings = Runner(config, stages).grpo_settings(next(s for s in stages if s.kind == "grpo"))
+    settings = GRPOSettings.from_flags(config, next(s for s in stages if s.kind == "grpo"))
     assert settings.micro_batch_tokens == 4096 == config.micro_batch_tokens
 
 

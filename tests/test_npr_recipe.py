@@ -40,7 +40,7 @@ def scripted_keep(monkeypatch, keep):
                 for prompt in prompt_ids for text in by_prompt[tuple(prompt)][:samples]]
 
     monkeypatch.setattr(nanopar.distill, "sample", fake_sample)
-    return keep_traces(model, tokenizer, policy, problems, lambda p: prompts[p.id], lambda start: SamplerSettings(),
+    return keep_traces(model, tokenizer, policy, problems, [prompts[p.id] for p in problems], SamplerSettings(),
                        eos, tries=2, chunk=2, keep=keep)
 
 

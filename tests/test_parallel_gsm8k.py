@@ -64,7 +64,7 @@ def test_a_run_on_the_training_name_never_reads_a_heldout_record(tmp_path):
     config = train.resolved_config(["--model", real_model(tmp_path), "--easy-data", TRAIN])[0]
     assert config.sft_data == TRAIN and config.eval_data.split(",")[0] == HELDOUT
     stages = recipe(config)
-    inputs = RunInputs(config, stages, PARALLEL_R1, lambda stage: tmp_path / stage.name)
+    inputs = RunInputs(config, stages, PARALLEL_R1)
     heldout = {r["question"] for r in file_records()[300:]}
     trained = [r["question"] for r in inputs.traces(stages[0])] + [p.question for p in inputs.problems(TRAIN)]
     assert len(trained) == 600 and not heldout & set(trained)
@@ -81,7 +81,7 @@ def test_a_structured_cold_start_trains_the_tags_as_the_sampler_writes_them(tmp_
     tag) trains the trace as written."""
     config = train.resolved_config(["--model", real_model(tmp_path)])[0]
     stages = recipe(config)
-    inputs = RunInputs(config, stages, PARALLEL_R1, lambda stage: tmp_path / stage.name)
+    inputs = RunInputs(config, stages, PARALLEL_R1)
     ids = {tag: qwen_tokenizer.convert_tokens_to_ids(tag) for tag in LETTER}
     follows = {ids["<Parallel>"]: {ids["<Path>"]}, ids["</Parallel>"]: {ids["<Summary>"]},
                ids["</Path>"]: {ids["<Path>"], ids["</Parallel>"]}}
@@ -127,7 +127,7 @@ def test_a_run_says_how_many_of_its_cold_start_traces_are_parallel(tmp_path):
     """Nothing is dropped: the run's check of --sft-data prints the count, and all 300 train."""
     config = train.resolved_config(["--model", real_model(tmp_path)])[0]
     stages = recipe(config)
-    inputs = RunInputs(config, stages, PARALLEL_R1, lambda stage: tmp_path / stage.name)
+    inputs = RunInputs(config, stages, PARALLEL_R1)
     assert inputs.check_traces(stages[0]) == ("sft: 297 of 300 traces are valid parallel traces in the "
                                               "parallel-r1 schema; the other 3 train as they are written")
     assert len(inputs.traces(stages[0])) == 300

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+import nanopar.heldout
 import train
 from nanopar.data import load_problems
 from nanopar.evaluation import evaluate, summarize
 from nanopar.model import ModelSettings, load_model
 from nanopar.policy import Policy
 from nanopar.prompts import instructions_named
+from nanopar.results import evaluation_key
 from nanopar.sampler import SamplerSettings
 from nanopar.tags import schema_named
 from nanopar.toy.source import SHIPPED_BASES
@@ -79,17 +81,16 @@ def test_a_run_at_the_defaults_reuses_the_evaluation_shipped_with_its_base(recip
     runner, _ = open_run(train.resolved_config(["--recipe", recipe, "--out", str(tmp_path / "run")])[0])
     pretrain = runner.stages[0]
     shipped = json.loads((Path(SHIPPED_BASES[recipe]) / "eval.json").read_text())
-    assert shipped["how"] == runner.heldout.key(pretrain)
+    assert shipped["how"] == evaluation_key(runner.config, runner.stages, pretrain)
     runner.copy_shipped(pretrain)
     assert not (runner.folder(pretrain) / "final" / "eval.json").exists()  # a model folder, as trained ones are
 
-    def no_sampling(*args):
+    def no_sampling(*args):  # every model an evaluation samples loads through it
         raise AssertionError("the shipped evaluation should have been used")
 
-    monkeypatch.setattr(runner, "load", no_sampling)
+    monkeypatch.setattr(nanopar.heldout, "load_with_policy", no_sampling)
     assert runner.heldout.evaluate(pretrain) == shipped["results"]
     for flags in (["--eval-problems", "100"], ["--dtype", "bfloat16"]):  # other problems, other arithmetic
         other, _ = open_run(train.resolved_config(["--recipe", recipe, "--out", str(tmp_path / "run"), *flags])[0])
-        monkeypatch.setattr(other, "load", no_sampling)
         with pytest.raises(AssertionError, match="shipped evaluation"):
             other.heldout.evaluate(other.stages[0])

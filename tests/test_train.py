@@ -9,6 +9,8 @@ import torch
 import nanopar.distill
 import nanopar.grpo
 import nanopar.heldout
+import nanopar.model
+import nanopar.results
 import nanopar.runner
 import train
 from conftest import one_line, read_metrics, reward_file, text_rollout
@@ -18,8 +20,9 @@ from nanopar.curriculum import recipe
 from nanopar.data import read_jsonl
 from nanopar.format import check_parallel
 from nanopar.model import ModelSettings, load_model
+from nanopar.results import evaluation_key
 from nanopar.show import STAGE_ROWS
-from nanopar.tags import NPR
+from nanopar.tags import NPR, schema_named
 
 SMALL = ["--pretrain-steps", "3", "--sft-steps", "2", "--rl-easy-steps", "3", "--rl-hard-steps", "2",
          "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--max-path-tokens", "12",
@@ -149,8 +152,8 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
     """--teacher: cold-start-data samples the named model, not its input model (here the
     pretrain stage's final/, which does not even exist); NPR's rejection stage ignores it."""
     half_right_sampler(monkeypatch)
-    loaded, real = [], nanopar.runner.load_model
-    monkeypatch.setattr(nanopar.runner, "load_model",
+    loaded, real = [], nanopar.model.load_model
+    monkeypatch.setattr(nanopar.model, "load_model",
                         lambda settings, schema: loaded.append(settings.name_or_path) or real(ModelSettings("toy:model"), schema))
     train.main(["--out", str(tmp_path), "--sft-data", "", "--stages", "cold-start-data",
                 "--teacher", "Qwen/Qwen2.5-7B-Instruct"])
@@ -193,7 +196,7 @@ def test_bad_input_fails_before_any_model_loads(tmp_path, monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(nanopar.runner, "load_model", no_model)
+    monkeypatch.setattr(nanopar.model, "load_model", no_model)
     (tmp_path / "empty.jsonl").write_text("")
     for args, message in ((["--stages", "sft", "--hard-reward", "acuracy"], "unknown reward 'acuracy'"),
                           (["--stages", "sft", "--paths", "0"], "paths per block must be between 2 and 8"),
@@ -265,7 +268,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
         assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
         assert all(r["problems"] == 2 and r["samples"] == 2 and len(r["per_problem"]) == 2 for r in results.values())
     assert not any("per_problem" in result for r in log if r.get("event") == "eval" for result in r["results"].values())
-    table = train.summary(runner, stages)  # STAGE_ROWS, "vs its start" and "its reward" per set
+    table = train.summary(config, stages, stages)  # STAGE_ROWS, "vs its start" and "its reward" per set
     shown = [row for row in STAGE_ROWS if not row.optional]  # the toy's sets hold no reference traces
     assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * (len(shown) + 2)
     rows = list(table.columns[0].cells)
@@ -274,7 +277,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     assert list(table.columns[4].cells)[rows.index("hard: accuracy")] == f"{100 * hard['accuracy']:.1f}%"
     # rl-hard's own reward is `format` (SMALL): its cell is the held-out mean of that reward, then the
     # change over rl-easy's model paired problem by problem, computed here from the two eval.json files
-    assert nanopar.heldout.own_reward(stages[3]) == "format"
+    assert nanopar.results.own_reward(stages[3]) == "format"
     reward_row = rows.index("hard: its reward (vs start)")
 
     def reward_cell(after, before):
@@ -293,8 +296,7 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
     saved["results"]["toy:hard:heldout"]["rewards"]["format"] = after
     saved["results"]["toy:hard:heldout"]["reward_means"]["format"] = statistics.fmean(after.values())
     (tmp_path / "4-rl-hard" / "eval.json").write_text(json.dumps(saved))
-    fresh = nanopar.runner.Runner(config, stages)  # (a runner keeps the evaluations it has read)
-    cell = list(train.summary(fresh, stages).columns[4].cells)[reward_row]
+    cell = list(train.summary(config, stages, stages).columns[4].cells)[reward_row]
     assert cell == f"{statistics.fmean(after.values()):.2f} (+0.75 ± 0.25)"  # differences 1.0 and 0.5
     train.main(args)  # everything done: nothing is trained or evaluated again
     again = read_metrics(tmp_path)
@@ -342,7 +344,8 @@ def test_gradient_checkpointing_is_a_flag_that_reaches_the_model(tmp_path):
     grads, calls = {}, {}
     for flags in ([], ["--gradient-checkpointing"]):
         config = train.resolved_config(["--out", str(tmp_path), *flags])[0]
-        model, tokenizer, policy = nanopar.runner.Runner(config, recipe(config)).load(config.model, config.mode)
+        model, tokenizer, policy = nanopar.model.load_with_policy(config, config.model, config.mode,
+                                                                  schema_named(config.schema))
         mlp, count = model.model.layers[0].mlp, []  # counted in forward itself: hooks do not run in a recompute
         mlp.forward = lambda *args, real=mlp.forward, **kwargs: count.append(1) or real(*args, **kwargs)
         model.train()
@@ -618,7 +621,7 @@ def test_the_table_of_stages_shows_each_stages_change_over_the_one_it_started_fr
     def load_model(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(nanopar.runner, "load_model", load_model)  # HeldOut loads through Runner.load
+    monkeypatch.setattr(nanopar.model, "load_model", load_model)  # every script loads through it
     config = train.resolved_config(["--out", str(tmp_path), "--pretrain-data", "", "--eval-problems", "4"])[0]
     stages = recipe(config)
     runner = nanopar.runner.Runner(config, stages)
@@ -628,10 +631,10 @@ def test_the_table_of_stages_shows_each_stages_change_over_the_one_it_started_fr
         (runner.folder(stage) / "final").mkdir(parents=True)
         per_problem = {f"toy/{i}": a for i, a in enumerate(accuracies[stage.name])}
         result = {"accuracy": statistics.fmean(accuracies[stage.name]), "accuracy_se": 0.1, "per_problem": per_problem}
-        (runner.folder(stage) / "eval.json").write_text(json.dumps({"how": runner.heldout.key(stage), "results": {
+        (runner.folder(stage) / "eval.json").write_text(json.dumps({"how": evaluation_key(config, stages, stage), "results": {
             easy: result, hard: result | {"per_problem": dict(list(per_problem.items())[:2])}}}))
     (tmp_path / "metrics.jsonl").write_text("")
-    table = train.summary(runner, stages)
+    table = train.summary(config, stages, stages)
     names = list(table.columns[0].cells)
 
     def cells(row):
@@ -659,12 +662,12 @@ def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(
     rounds = [r for r in load_traces("toy:parallel", NPR) if "<guideline>" in r["response"]]
     write_jsonl(tmp_path / "npr.jsonl", rounds[:12])
     write_jsonl(tmp_path / "mixed.jsonl", parallel[:9] + sequential[:3])
-    real_load = nanopar.runner.load_model
+    real_load = nanopar.model.load_model
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the traces were checked")
 
-    monkeypatch.setattr(nanopar.runner, "load_model", no_model)
+    monkeypatch.setattr(nanopar.model, "load_model", no_model)
     with pytest.raises(NanoparError) as error:
         train.main(["--out", str(tmp_path / "npr"), *SMALL, "--stages", "pretrain,sft",
                     "--sft-data", str(tmp_path / "npr.jsonl")])
@@ -672,7 +675,7 @@ def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(
                                "the parallel-r1 schema (the first: no valid parallel block); they are written in "
                                "the npr schema (--schema npr)")
     assert not (tmp_path / "npr").exists() or not [p for p in (tmp_path / "npr").glob("*") if p.is_dir()]
-    monkeypatch.setattr(nanopar.runner, "load_model", real_load)
+    monkeypatch.setattr(nanopar.model, "load_model", real_load)
     capsys.readouterr()
     out = train.main(["--out", str(tmp_path / "mixed"), *SMALL, "--stages", "pretrain,sft", "--eval-problems", "0",
                       "--sft-data", str(tmp_path / "mixed.jsonl")])
