@@ -56,8 +56,7 @@ from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.defaults import real_defaults, resolve
 from nanopar.evaluation import (decode_rate, evaluate, forked, paired_difference, rescore, reward_report, speedup,
                                 summarize)
-from nanopar.model import ModelSettings, load_model
-from nanopar.policy import Policy
+from nanopar.model import load_with_policy
 from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec
 from nanopar.sampler import SamplerSettings
@@ -113,11 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run(config: EvalConfig, console: Console) -> dict:
-    settings = SamplerSettings.from_flags(config)
-    settings.check()  # everything that can be wrong fails before the (slow) model load
-    Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    schema = schema_named(config.schema)
-    instructions_named(config.instructions)  # a known name, checked before the model loads
+    config.check()  # everything that can be wrong fails before the (slow) model load
+    settings, schema = SamplerSettings.from_flags(config), schema_named(config.schema)
     if config.samples < 1 or config.batch_size < 1 or config.speedup_batches < 0 or config.speedup_repeats < 1:
         raise NanoparError("--samples, --batch-size and --speedup-repeats must be >= 1, --speedup-batches >= 0")
     if not 0 <= config.pass_k <= config.samples:
@@ -128,9 +124,7 @@ def run(config: EvalConfig, console: Console) -> dict:
     if config.model == TOY_RUN_MODEL and not Path(TOY_RUN_MODEL).exists():
         raise NanoparError(f"no model at {TOY_RUN_MODEL}: run `python train.py` first (the toy curriculum), "
                            "or give --model (hub id, folder, checkpoint, or toy:model for a random toy model)")
-    model, tokenizer = load_model(ModelSettings(config.model, dtype=config.dtype, device=config.device,
-                                                load_in_4bit=config.load_in_4bit), schema)
-    policy = Policy.for_tokenizer(tokenizer, config.mode, config.temperature, config.path_stride, schema)
+    model, tokenizer, policy = load_with_policy(config, config.model, config.mode, schema)
     out = Path(config.out)
     if distributed.is_main():  # under torchrun rank 0 writes the files
         save_config(config, out)

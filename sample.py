@@ -25,11 +25,11 @@ from nanopar import NanoparError, distributed
 from nanopar.config import ScriptConfig, parse_config
 from nanopar.data import load_problems
 from nanopar.defaults import real_defaults, resolve
-from nanopar.model import ModelSettings, load_model
-from nanopar.policy import Policy
+from nanopar.model import load_with_policy
 from nanopar.prompts import build_prompt, instructions_named, stop_ids
 from nanopar.sampler import SamplerSettings, sample
-from nanopar.show import rollout_record, trace_tree
+from nanopar.rollouts import rollout_record
+from nanopar.show import trace_tree
 from nanopar.tags import schema_named
 
 
@@ -54,10 +54,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not config.model:
         raise NanoparError("--model is required (hub id, local folder or nanopar checkpoint)")
     resolve(config, argv)  # a real model's budgets and K, the checkpoint's schema
-    settings = SamplerSettings.from_flags(config)
-    settings.check()  # before the (slow) model load
-    Policy(None, config.mode, config.temperature, path_stride=config.path_stride)  # checks mode, temperature, stride
-    schema = schema_named(config.schema)
+    config.check()  # before the (slow) model load
+    settings, schema = SamplerSettings.from_flags(config), schema_named(config.schema)
     instructions = instructions_named(config.instructions, config.prompts_file, schema)  # a source may word them (toy:)
     from_file = [p.question for p in load_problems(config.prompts_file, answer_field="")] if config.prompts_file else []
     if config.prompts_file and not from_file:
@@ -65,10 +63,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     prompts = ([config.prompt] if config.prompt else []) + from_file
     if not prompts:
         raise NanoparError("no prompt: give --prompt or --prompts-file")
-    model, tokenizer = load_model(
-        ModelSettings(config.model, dtype=config.dtype, device=config.device, load_in_4bit=config.load_in_4bit), schema
-    )
-    policy = Policy.for_tokenizer(tokenizer, config.mode, config.temperature, config.path_stride, schema)
+    model, tokenizer, policy = load_with_policy(config, config.model, config.mode, schema)
     ids = [build_prompt(p, tokenizer, instructions=instructions, system=config.system or None,
                         chat=config.chat) for p in prompts]
     rollouts = sample(model, ids, policy, settings, stop_ids(model, tokenizer), config.samples)

@@ -4,7 +4,7 @@ and saving the resolved config.
 Every field becomes `--field-name`, typed from its annotation, with the comment on its line as
 the help text; booleans get `--flag/--no-flag`. `ScriptConfig` holds what train.py, eval.py and
 sample.py all take (the model, its tags and attention, and through `SamplerSettings` every
-sampler knob), so each is declared once. Not here: what a default becomes for a real model
+sampler knob), so each is declared once, and checks them (`ScriptConfig.check`). Not here: what a default becomes for a real model
 (defaults.py), nested configs, config files (a saved config.json is plain JSON: edit it, pass flags).
 """
 
@@ -20,6 +20,8 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 
+from .policy import Policy
+from .prompts import instructions_named
 from .sampler import SamplerSettings
 
 
@@ -48,6 +50,13 @@ class ScriptConfig(SamplerSettings):
     instructions: str = "none"  # before the question: "parallel" (tag instructions), "plain", "answer" (a one-line request for a boxed answer) or "none"; eval.py and sample.py on a nanopar checkpoint: the prompt its stage was trained with
     chat: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     seed: int = 0  # seeds every draw (train.py: also LoRA init and the problem order)
+
+    def check(self) -> None:
+        """Fail on a bad sampler setting, attention mode, temperature, path stride or prompt name,
+        in one line, before the (slow) model load."""
+        super().check()
+        Policy(None, self.mode, self.temperature, path_stride=self.path_stride)
+        instructions_named(self.instructions)
 
 
 def parse_config(cls, argv: list[str] | None = None, description: str = "", real_defaults: dict | None = None):

@@ -7,7 +7,7 @@
 A *record* is one (problem, sample) as a JSON-ready dict: the problem (to grade it again), prompt
 and response, its grade under the strict reading (as training grades) and the flexible one
 (`#### N`, the last number; None where a checker grades), its structure
-(`metrics.response_structure`) and the rollout less what only training needs. Everything after
+(`rollouts.response_structure`) and the rollout less what only training needs. Everything after
 `evaluate` reads records only, so a saved samples.jsonl is summarised or re-scored without the
 model: `summarize` (mean@k under both readings, unbiased pass@k, format-valid rate, parse
 failures, the structure metrics of a GRPO step), `decode_rate` / `sequential_rate` / `speedup`
@@ -29,12 +29,12 @@ from . import NanoparError, distributed
 from .data import Problem
 from .format import check_format
 from .grading import grade, has_flexible_reading
-from .metrics import response_structure, structure_metrics
+from .metrics import structure_metrics
 from .policy import Policy
 from .prompts import build_prompt, stop_ids
 from .rewards import RewardResult, parse_reward_spec, response_text, score
 from .sampler import SamplerSettings, sample
-from .show import rollout_record
+from .rollouts import response_structure, rollout_record
 from .tags import PARALLEL_R1, schema_named
 from .trace import parse_trace
 

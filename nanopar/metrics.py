@@ -1,8 +1,8 @@
 """What a training step reports: structure and reward statistics, a JSON Lines log, and its plot.
 
-`response_structure` reads one response's structure once from its token ids (valid blocks, paths
-per block, relative position of each `<Parallel>`, length, critical-path length, finish);
-`structure_metrics` averages them into the numbers the papers track: parallel ratio (valid
+`structure_metrics` averages responses' structures (`rollouts.response_structure`, read once from
+a response's token ids: valid blocks, paths per block, relative position of each `<Parallel>`,
+length, critical-path length, finish) into the numbers the papers track: parallel ratio (valid
 parallel traces, `format.check_parallel`), mean relative position of `<Parallel>` (Parallel-R1
 reports it drifting from ~0.4 to ~0.8), blocks per response, paths per block, the share of each
 branch count (NPR: the plans the model chose), acceleration (tokens / critical-path tokens),
@@ -22,24 +22,7 @@ from statistics import fmean
 
 from . import distributed
 from .data import read_jsonl
-from .format import check_parallel
-from .trace import trace_stats
-
-
-def response_structure(rollout) -> dict:
-    """One response's structure (token offsets), as an evaluation record stores it and `structure_metrics` reads it."""
-    stats = trace_stats(rollout.trace)
-    return {
-        "has_parallel": check_parallel(rollout.trace).ok,  # a valid parallel trace: what parallel_ratio counts
-        "blocks": stats.blocks,  # blocks read, valid or not
-        "valid_blocks": stats.valid_blocks,
-        "paths_per_block": stats.paths_per_block,
-        "branches_per_block": stats.branches_per_block,  # NPR: plans per guideline
-        "relative_positions": stats.relative_positions,  # offset of each <Parallel> / length
-        "new_tokens": stats.length,  # response tokens, sampled and inserted
-        "critical_path": stats.critical_path,  # tokens on the longest route through the blocks
-        "finish": rollout.finish,  # "eos" or "length" (truncated)
-    }
+from .rollouts import response_structure
 
 
 def structure_metrics(responses: list[dict]) -> dict:

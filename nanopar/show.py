@@ -1,11 +1,11 @@
 """What the scripts show: a rollout as a rich tree, progress bars, and the tables of metrics.
 
 `trace_tree`: main chain -> block -> (plans) -> branches side by side -> summary, decoded span by
-span from the token ids (exactly what the sampler and the layout read); `rollout_record`, the same
-as JSON. `progress`: the bar of every long job (plain lines when the output is not a terminal).
+span from the token ids (exactly what the sampler and the layout read); the same as JSON is
+`rollouts.rollout_record`. `progress`: the bar of every long job (plain lines when the output is not a terminal).
 `METRIC_ROWS`: the one list of metric rows (name, kind) every table takes its rows from;
 `stage_table`: the table of stages of train.py and --ablations, drawn from plain results
-(`heldout.StageResult`). Not here: computing metrics or evaluating a model (evaluation.py, heldout.py).
+(`results.StageResult`). Not here: computing metrics or evaluating a model (evaluation.py, heldout.py).
 """
 
 from __future__ import annotations
@@ -65,36 +65,6 @@ def trace_tree(rollout, tokenizer, title: str = "response", limit: int = 400) ->
     if trace.error:
         tree.add(f"[yellow]reading:[/] {trace.error}")
     return tree
-
-
-def rollout_record(rollout, tokenizer) -> dict:
-    """A JSON-ready dict: ids, text, sampled mask, log-probs, structure (token offsets), stats."""
-    trace = rollout.trace
-    return {
-        "prompt": tokenizer.decode(rollout.prompt_ids, skip_special_tokens=False),
-        "prompt_ids": rollout.prompt_ids,
-        "ids": rollout.ids,
-        "text": tokenizer.decode(rollout.ids, skip_special_tokens=False),
-        "sampled": rollout.sampled,
-        "logprobs": rollout.logprobs,
-        "finish": rollout.finish,
-        "structure": {
-            "main": [[m.start, m.end] for m in trace.main],
-            "blocks": [
-                {
-                    "open": b.open,
-                    "close": b.close,
-                    "paths": [[p.start, p.end] for p in b.paths],
-                    "summary": None if b.summary is None else [b.summary.start, b.summary.end],
-                    "valid": b.valid,
-                }
-                for b in trace.blocks
-            ],
-            "stray": trace.stray,
-            "truncated": trace.truncated,
-        },
-        "stats": vars(rollout.stats),
-    }
 
 
 def progress(console=None) -> Progress:
@@ -204,7 +174,7 @@ METRIC_ROWS = [  # in the order every table shows them
 ]
 STAGE_ROWS = [row for row in METRIC_ROWS if row.stage]  # train.py's held-out rows, per evaluation set
 # and after "accuracy SE": accuracy minus that of the stage it started from, ± the standard error of
-# the difference taken problem by problem (points; heldout.HeldOut.change_over_start)
+# the difference taken problem by problem (points; results.change_over_start)
 CHANGE_ROW = "vs its start"
 # and after it: a GRPO stage's own reward, its held-out mean (its change over its start's, paired)
 REWARD_ROW = "its reward (vs start)"
@@ -212,7 +182,7 @@ REWARD_ROW = "its reward (vs start)"
 
 def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | None = None,
                 caption: str | None = None) -> Table:
-    """Stages as columns, each `(head, heldout.StageResult)` (several runs may share a table): their
+    """Stages as columns, each `(head, results.StageResult)` (several runs may share a table): their
     training numbers, then the held-out results of each stage's model, then the `extra` rows, one
     cell per column, as a section of their own (--ablations: the papers' numbers). The title ends
     with the largest standard error of an accuracy cell, so a reader knows which differences are noise."""

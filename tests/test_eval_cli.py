@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import eval as eval_script
+import nanopar.model
 from conftest import one_line, reward_file, run_script
 from nanopar import NanoparError
 from nanopar.config import field_comments
@@ -131,7 +132,7 @@ def test_a_real_model_is_asked_for_a_boxed_answer_in_its_chat_template_by_defaul
     the tokenizer's chat template (the model load is stood in for by the offline Qwen tokenizer)."""
     from nanopar.prompts import ANSWER_INSTRUCTIONS
 
-    monkeypatch.setattr(eval_script, "load_model", lambda settings, schema: (None, qwen_tokenizer))
+    monkeypatch.setattr(nanopar.model, "load_model", lambda settings, schema: (None, qwen_tokenizer))
     scripted(monkeypatch, qwen_tokenizer, [(p, text, "eos") for p, text, _, _ in FLEXIBLE_SCRIPT[:2]])
     out = tmp_path / "run"
     summary = eval_script.main(["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--benchmarks", "gsm8k", "--limit", "1",

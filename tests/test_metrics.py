@@ -6,7 +6,8 @@ from conftest import PARALLEL_CASES, one_line, text_ids, text_rollout
 from nanopar import NanoparError
 from nanopar.data import read_jsonl
 from nanopar.grading import Grade
-from nanopar.metrics import MetricsLog, plot_metrics, response_structure, rollout_metrics, structure_metrics
+from nanopar.metrics import MetricsLog, plot_metrics, rollout_metrics, structure_metrics
+from nanopar.rollouts import response_structure
 from nanopar.rewards import RewardResult
 from nanopar.sampler import Rollout
 from nanopar.tags import TagIds
