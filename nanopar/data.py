@@ -78,14 +78,14 @@ def source_for(spec: str) -> Source | None:
     if not colon or prefix not in SOURCES:
         return None
     if isinstance(SOURCES[prefix], str):
-        SOURCES[prefix] = resolve(SOURCES[prefix], Source)
+        SOURCES[prefix] = plugin_named(SOURCES[prefix], Source)
     return SOURCES[prefix]
 
 
-def resolve(entry: str, kind: type | None = None):
+def plugin_named(entry: str, kind: type | None = None):
     """The object a "module:attribute" string names, imported now; one of `kind` (a type) if given.
 
-    >>> resolve("nanopar.data:Problem") is Problem
+    >>> plugin_named("nanopar.data:Problem") is Problem
     True
     """
     module, _, attribute = entry.partition(":")

@@ -33,7 +33,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.errors import TimeoutException
 
 from . import NanoparError
-from .data import Problem, resolve
+from .data import Problem, plugin_named
 from .tags import SCHEMAS
 
 
@@ -289,7 +289,7 @@ def checker_named(name: str, problem_id: str = "") -> Checker:
         where = f" (problem {problem_id})" if problem_id else ""
         raise NanoparError(f"unknown checker {name!r}{where}: use one of {', '.join(CHECKERS)}")
     if isinstance(CHECKERS[name], str):
-        found = resolve(CHECKERS[name])
+        found = plugin_named(CHECKERS[name])
         if not callable(found):
             raise NanoparError(f"the checker {CHECKERS[name]!r} is a {type(found).__name__}, not a function")
         CHECKERS[name] = found
