@@ -9,12 +9,13 @@ Reading order, from the trace to the run (the README's file tree says one line p
   kvcache.py   the sampler's cache of lanes: fork a row, merge the rows of a block
   sampler.py   the parallel-branch sampler: fork at <Parallel>, merge after the paths
   forward.py   the training read of a trace's log-probs (head.py: the chunked LM-head read beside it)
-  grpo.py      `grpo_step`: sample -> reward -> group advantages -> drop invalid -> update
+  grpo.py      `grpo_step`: sample -> reward -> drop invalid -> group advantages -> update
   sft.py       cold-start / self-distillation fine-tuning on traces
   rewards.py, grading.py, data.py, prompts.py, model.py   what a step scores, reads and loads
   curriculum.py  the stage recipes (distill.py: a stage that samples and keeps the traces worth training on)
   defaults.py  `resolve`: the one road from flags to a run's values (preset, real model, placeholders)
   runner.py    the stage loop (run_inputs.py: what a run reads; heldout.py: held-out evaluation)
+  results.py   the table's numbers, read from a run folder's files (no model loads)
   distributed.py  several processes under torchrun: shares of a step, sums over processes, rank 0 writes
   evaluation.py, show.py   sampling + grading + summaries; trees and tables
   toy/         the toy world: a task, a programmatic teacher, a tokenizer and model small enough for a CPU
