@@ -22,10 +22,10 @@ GSM8K's "#### N", then the last number outside the branches; "-" where a checker
 the answers each reading found, unbiased pass@k, parallel ratio, relative position of <Parallel>,
 blocks per response, paths per block, format-valid rate (Algorithm 1), answer-parse failures
 (either reading), acceleration (tokens / critical-path tokens), length, truncation, decode
-tokens/s and NPR's speedup: the first --speedup-batches sampler calls are decoded again with
-forking and without (the tags read as text), same prompts, seeds and budget, taking turns for
---speedup-repeats rounds (the best of each counts, as in bench/), and the speedup is the ratio of
-the two tokens/s; "-" when nothing forked in those calls.
+tokens/s and NPR's speedup (nanopar/eval_report.py): the first --speedup-batches sampler calls
+are decoded again with forking and without (the tags read as text), same prompts, seeds and
+budget, taking turns for --speedup-repeats rounds (the best of each counts, as in bench/), and the
+speedup is the ratio of the two tokens/s; "-" when nothing forked in those calls.
 
 Writes to --out: config.json (this config), samples.jsonl (one record per problem and sample,
 tagged with its benchmark: prompt, response, grade, structure, the rollout; rewritten after each
@@ -54,8 +54,8 @@ from nanopar import NanoparError, distributed
 from nanopar.config import ScriptConfig, parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.defaults import real_defaults, resolve
-from nanopar.evaluation import (decode_rate, evaluate, forked, paired_difference, rescore, reward_report, speedup,
-                                summarize)
+from nanopar.eval_report import decode_rate, forked, reward_report, speedup
+from nanopar.evaluation import evaluate, paired_difference, rescore, summarize
 from nanopar.model import load_with_policy
 from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec

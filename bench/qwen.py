@@ -17,7 +17,7 @@ instructions, else float32). The prompts are GSM8K questions with Qwen's one-lin
     generate min_new_tokens = max_new_tokens). generate also runs with the tag rows written into
     the embedding (`tag_rows_written`, as the sampler runs), so the race is the decode loop, not
     peft's. tokens/s, ratio, ms a decode step (wall / tokens a lane, the prefill included).
- 2. fork: eval.py's speedup (`evaluation.speedup`, its --speedup-batches 1): the same prompts
+ 2. fork: eval.py's speedup (`eval_report.speedup`, its --speedup-batches 1): the same prompts
     decoded forking (structured, --paths paths) against the tags read as text, at --fork-lanes
     lanes of distinct questions whose prompts have one length. The real Qwen writes no block, so
     a hook on the model forces <Parallel> --lead tokens into every response (one rotary
@@ -63,7 +63,7 @@ from common import MB, hand_back_free_memory, peak_rise
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: train.py's presets
 from nanopar.data import load_problems, load_traces  # noqa: E402
 from nanopar.defaults import REAL_SAMPLING, cpu_dtype, on_cpu  # noqa: E402
-from nanopar.evaluation import speedup  # noqa: E402
+from nanopar.eval_report import speedup  # noqa: E402
 from nanopar.grpo import GRPOSettings, grpo_step  # noqa: E402
 from nanopar.model import ModelSettings, cpu_bf16_instructions, load_model, tag_rows_written  # noqa: E402
 from nanopar.optim import make_optimizer  # noqa: E402

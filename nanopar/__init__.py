@@ -17,7 +17,7 @@ Reading order, from the trace to the run (the README's file tree says one line p
   runner.py    the stage loop (run_inputs.py: what a run reads; heldout.py: held-out evaluation)
   results.py   the table's numbers, read from a run folder's files (no model loads)
   distributed.py  several processes under torchrun: shares of a step, sums over processes, rank 0 writes
-  evaluation.py, show.py   sampling + grading + summaries; trees and tables
+  evaluation.py, show.py   sampling + grading + summaries (eval_report.py: what eval.py adds); trees, tables
   toy/         the toy world: a task, a programmatic teacher, a tokenizer and model small enough for a CPU
 Not here: the scripts (train.py, eval.py, sample.py, ablations.py) and the benchmarks (bench/).
 """

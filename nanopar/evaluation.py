@@ -10,19 +10,19 @@ and response, its grade under the strict reading (as training grades) and the fl
 (`rollouts.response_structure`) and the rollout less what only training needs. Everything after
 `evaluate` reads records only, so a saved samples.jsonl is summarised or re-scored without the
 model: `summarize` (mean@k under both readings, unbiased pass@k, format-valid rate, parse
-failures, the structure metrics of a GRPO step), `decode_rate` / `sequential_rate` / `speedup`
-(tokens/s with and without forking, NPR's speedup), `rescore` / `reward_report` (any reward spec
-on saved responses).
-Not here: the command line, tables and files (eval.py), LLM judges, majority voting (maj@k),
-confidence intervals.
+failures, the structure metrics of a GRPO step), `paired_difference` (two summaries of the same
+problems), `rescore` (any reward spec on saved responses). This is what a training run's held-out
+evaluation needs (heldout.py, results.py).
+Not here: decode speed, NPR's speedup and a re-scored reward's distribution (eval_report.py, what
+only eval.py reports); the command line, tables and files (eval.py); LLM judges, majority voting
+(maj@k), confidence intervals.
 """
-
 from __future__ import annotations
 
 import dataclasses
 import math
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 
 from . import NanoparError, distributed
@@ -68,7 +68,7 @@ def evaluate(
     for batch, start in distributed.share(calls):
         chunk = problems[start : start + batch_size]
         prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in chunk]
-        rollouts = sample(model, prompts, policy, _seeded(settings, batch), eos, samples)
+        rollouts = sample(model, prompts, policy, call_settings(settings, batch), eos, samples)
         # prompt-major: sample i % samples of problem i // samples
         mine.append([sample_record(rollout, chunk[i // samples], i % samples, tokenizer, eos) | {"batch": batch}
                      for i, rollout in enumerate(rollouts)])
@@ -112,7 +112,8 @@ def sample_record(rollout, problem: Problem, sample_index: int, tokenizer, eos_i
 TRAINING_ONLY = ("prompt_ids", "text", "sampled", "logprobs")  # rollout_record fields left out of a record
 
 
-def _seeded(settings: SamplerSettings, batch: int) -> SamplerSettings:
+def call_settings(settings: SamplerSettings, batch: int) -> SamplerSettings:
+    """The settings of sampler call `batch`: seeded `settings.seed + batch` (None stays None)."""
     return dataclasses.replace(settings, seed=None if settings.seed is None else settings.seed + batch)
 
 
@@ -221,79 +222,6 @@ def _share_set(records: list[dict], key: str) -> float | None:
     return statistics.fmean(r[key] is not None for r in records)
 
 
-# ----------------------------------------------------------------------------- speed
-
-
-def decode_rate(records: list[dict], batches: int | None = None) -> dict:
-    """Response tokens (sampled and inserted) per second of sampler wall time, over the sampler
-    calls behind `records` (only calls 0..batches-1 when given). Grading time is not counted."""
-    chosen = [r for r in records if batches is None or r["batch"] < batches]
-    walls = {r["batch"]: r["stats"]["wall_time"] for r in chosen}  # one wall time per call
-    return _rate(sum(r["new_tokens"] for r in chosen), sum(walls.values()))
-
-
-def sequential_rate(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings,
-                    samples: int = 1, instructions: str = "", chat: bool = True, batch_size: int = 32) -> dict:
-    """Decode the same prompts, in the same batches, seeds and budget, as `evaluate` would, but
-    sequentially: the policy gets no tag ids, so `<Parallel>` forks nothing and every tag is a
-    token like any other. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
-    plain = dataclasses.replace(policy, tag_ids=None)
-    return decode_rate_again(model, tokenizer, problems, plain, settings, samples, instructions, chat, batch_size)
-
-
-def decode_rate_again(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings,
-                      samples: int = 1, instructions: str = "", chat: bool = True, batch_size: int = 32) -> dict:
-    """Decode the prompts as `evaluate` would (same batches, seeds, budget), only timed, under
-    `policy`. -> {"tokens", "seconds", "tokens_per_second"} of the sampler calls."""
-    eos, tokens, seconds = stop_ids(model, tokenizer), 0, 0.0
-    for batch, start in enumerate(range(0, len(problems), batch_size)):
-        prompts = [build_prompt(p, tokenizer, instructions, chat=chat) for p in problems[start : start + batch_size]]
-        rollouts = sample(model, prompts, policy, _seeded(settings, batch), eos, samples)
-        tokens += sum(r.stats.new_tokens for r in rollouts)
-        seconds += rollouts[0].stats.wall_time
-    return _rate(tokens, seconds)
-
-
-def forked(records: list[dict], batches: int | None = None, mode: str = "structured") -> bool:
-    """Whether any response of sampler calls 0..batches-1 (all when None) forked: holds a block of
-    two or more branches (a one-plan NPR guideline is a step of the main chain, no fork). In causal
-    `mode` (the policy's) nothing forks, whatever blocks the model wrote.
-
-    >>> plain, block = {"batch": 0, "paths_per_block": []}, {"batch": 1, "paths_per_block": [1, 3]}
-    >>> forked([plain, block]), forked([plain, block], batches=1), forked([plain, block], mode="causal")
-    (True, False, False)
-    """
-    chosen = [r for r in records if batches is None or r["batch"] < batches]
-    return mode == "structured" and any(n >= 2 for r in chosen for n in r["paths_per_block"])
-
-
-def speedup(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings, samples: int = 1,
-            instructions: str = "", chat: bool = True, batch_size: int = 32, repeats: int = 2) -> dict:
-    """NPR's speedup, timed as the benchmarks time (bench/sampler.py): the same prompts decoded with
-    forking (`policy`) and sequentially (no tag ids), taking turns for `repeats` rounds so a drift in
-    machine speed hits both alike, the best round of each counting. Call it after a warm-up (eval.py:
-    after the evaluation itself, which decoded these prompts once). -> {"parallel", "sequential":
-    rates as `decode_rate`'s, the best of each; "speedup": parallel / sequential tokens/s (None
-    when either has no rate)}. Whether anything forks is the caller's to check (`forked`):
-    without a fork the two decodes are the same work and their ratio is noise."""
-    if repeats < 1:
-        raise NanoparError(f"the speedup needs at least one timed round, got {repeats}")
-    plain = dataclasses.replace(policy, tag_ids=None)
-    best: dict[str, dict] = {}
-    for _ in range(repeats):
-        for name, which in (("parallel", policy), ("sequential", plain)):
-            rate = decode_rate_again(model, tokenizer, problems, which, settings, samples, instructions, chat,
-                                     batch_size)
-            if name not in best or (rate["tokens_per_second"] or 0.0) > (best[name]["tokens_per_second"] or 0.0):
-                best[name] = rate
-    parallel, sequential = best["parallel"]["tokens_per_second"], best["sequential"]["tokens_per_second"]
-    return best | {"speedup": parallel / sequential if parallel and sequential else None}
-
-
-def _rate(tokens: int, seconds: float) -> dict:
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds if seconds > 0 else None}
-
-
 # ----------------------------------------------------------------------------- re-scoring
 
 
@@ -318,51 +246,3 @@ def rescore(records: list[dict], spec: str, where: str = "record") -> list[Rewar
         schema = schema_named(record.get("schema", PARALLEL_R1.name))
         results.append(score(spec, text, parse_trace(text, schema), problem))
     return results
-
-
-def reward_report(results: list[RewardResult], saved_correct: list[bool | None] | None = None) -> dict:
-    """The distribution of re-scored rewards and how it goes with correctness.
-
-    `histogram` maps each value to its count (ranges of ten equal bins when there are more than
-    ten distinct values); `correlation` is Pearson's r between the reward and the 0/1 correctness of the same grading
-    (None when either is constant); `regraded_changed` counts responses whose correctness now
-    differs from the saved one (`saved_correct`, None entries skipped): grading changed since.
-    """
-    if not results:
-        raise NanoparError("no records to re-score")
-    totals = [r.total for r in results]
-    correct = [r.grade.correct for r in results]
-    right = [t for t, c in zip(totals, correct) if c]
-    wrong = [t for t, c in zip(totals, correct) if not c]
-    constant = len(set(totals)) < 2 or len(set(correct)) < 2
-    return {
-        "count": len(totals),
-        "mean": statistics.fmean(totals),
-        "std": statistics.pstdev(totals),
-        "min": min(totals),
-        "max": max(totals),
-        "histogram": histogram(totals),
-        "components": {name: statistics.fmean(r.components[name] for r in results) for name in results[0].components},
-        "accuracy": statistics.fmean(correct),
-        "parse_failures": statistics.fmean(r.grade.error is not None for r in results),
-        "mean_if_correct": statistics.fmean(right) if right else None,
-        "mean_if_wrong": statistics.fmean(wrong) if wrong else None,
-        "correlation": None if constant else statistics.correlation(totals, [float(c) for c in correct]),
-        "regraded_changed": sum(s is not None and s != c for s, c in zip(saved_correct or [], correct)),
-    }
-
-
-def histogram(values: list[float], bins: int = 10) -> dict[str, int]:
-    """{value: count} for few distinct values, else {"[low, high)": count} over `bins` equal bins.
-
-    >>> histogram([1.0, -1.0, -1.0]), histogram([0.1 * i for i in range(20)], bins=2)
-    ({'-1': 2, '1': 1}, {'[0, 0.95)': 10, '[0.95, 1.9]': 10})
-    """
-    distinct = sorted(set(values))
-    if len(distinct) <= bins:
-        counts = Counter(f"{v:g}" for v in values)
-        return dict(sorted(counts.items(), key=lambda item: float(item[0])))
-    low, width = distinct[0], (distinct[-1] - distinct[0]) / bins
-    counts = Counter(min(int((v - low) / width), bins - 1) for v in values)
-    return {f"[{low + b * width:.3g}, {low + (b + 1) * width:.3g}{']' if b == bins - 1 else ')'}": counts[b]
-            for b in range(bins)}

@@ -1,14 +1,14 @@
 """The scripted sampler evaluation tests run on, and the responses they script.
 
-`scripted(monkeypatch, tokenizer, rows)` replaces the sampler that `nanopar.evaluation` calls
-with one that returns fixed responses, built as the sampler builds rollouts, so evaluate(),
-eval.py and the summaries can be checked against hand counts without a model. `SCRIPT` and
-`FLEXIBLE_SCRIPT` are the responses (toy, GSM8K, AIME) both test_evaluation.py and
-test_eval_cli.py score. Not a test module (pytest collects test_*.py only).
+`scripted(monkeypatch, tokenizer, rows)` replaces the sampler that `nanopar.evaluation` and
+`nanopar.eval_report` call with one that returns fixed responses, built as the sampler builds
+rollouts, so evaluate(), eval.py and the summaries can be checked against hand counts without a
+model. `SCRIPT` and `FLEXIBLE_SCRIPT` are the responses (toy, GSM8K, AIME) both
+test_evaluation.py and test_eval_cli.py score. Not a test module (pytest collects test_*.py only).
 """
 
 from conftest import text_rollout
-from nanopar import evaluation
+from nanopar import eval_report, evaluation
 from nanopar.data import load_problems
 from nanopar.policy import Policy
 from nanopar.prompts import INSTRUCTIONS, NPR_INSTRUCTIONS, build_prompt, instructions_named
@@ -50,7 +50,7 @@ PROMPT_TEXTS = {instructions_named(name, data) for name in INSTRUCTIONS for data
 
 
 def scripted(monkeypatch, tokenizer, table: list[tuple], wall_time: float | list = 0.25) -> Scripted:
-    """Patch the sampler evaluation uses with `table` rows (problem, text, finish)."""
+    """Patch the sampler evaluation and eval_report use with `table` rows (problem, text, finish)."""
     rows: dict[int, tuple] = {}
     for problem, text, finish in table:
         rows.setdefault(id(problem), (problem, []))[1].append((text, finish))
@@ -58,6 +58,7 @@ def scripted(monkeypatch, tokenizer, table: list[tuple], wall_time: float | list
               for problem, answers in rows.values() for instructions in PROMPT_TEXTS}
     fake = Scripted(tokenizer, script, wall_time)
     monkeypatch.setattr(evaluation, "sample", fake)
+    monkeypatch.setattr(eval_report, "sample", fake)
     return fake
 
 

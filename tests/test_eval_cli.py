@@ -13,7 +13,8 @@ from conftest import one_line, reward_file, run_script
 from nanopar import NanoparError
 from nanopar.config import field_comments
 from nanopar.data import read_jsonl
-from nanopar.evaluation import decode_rate, forked, summarize
+from nanopar.eval_report import decode_rate, forked
+from nanopar.evaluation import summarize
 from nanopar.format import check_format
 from scripted import FLEXIBLE_SCRIPT, PROBLEMS, SCRIPT, TOY, scripted  # the scripted sampler and its responses
 

@@ -1,6 +1,7 @@
 """Evaluation (nanopar/evaluation.py): pass@k and mean@k against independent computations, grading
 of the shipped benchmarks' real answer formats through the evaluation path, records and summaries
-of scripted and of real (tiny, random) sampling, the speed helpers, re-scoring and its report."""
+of scripted and of real (tiny, random) sampling, re-scoring; eval.py's speed helpers and reward
+report beside it (nanopar/eval_report.py)."""
 
 import itertools
 import json
@@ -12,20 +13,8 @@ import pytest
 
 from nanopar import NanoparError, evaluation
 from nanopar.data import load_problems
-from nanopar.evaluation import (
-    decode_rate,
-    evaluate,
-    forked,
-    histogram,
-    paired_difference,
-    pass_at_k,
-    rescore,
-    reward_report,
-    sample_record,
-    sequential_rate,
-    speedup,
-    summarize,
-)
+from nanopar.eval_report import decode_rate, forked, histogram, reward_report, sequential_rate, speedup
+from nanopar.evaluation import evaluate, paired_difference, pass_at_k, rescore, sample_record, summarize
 from nanopar.format import check_format
 from nanopar.grading import gold_answer
 from nanopar.metrics import rollout_metrics
