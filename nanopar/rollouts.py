@@ -7,8 +7,15 @@ A `sampler.Rollout` holds the ids the sampler wrote and the `trace.Trace` read f
 functions are the one place that turns it into plain dicts: `rollout_record` for sample.py's
 --json and an evaluation's samples.jsonl (`evaluation.sample_record` keeps it less what only
 training needs), `response_structure` for `metrics.structure_metrics`, which a GRPO step and an
-evaluation both call. Not here: sampling (sampler.py), reading a trace (trace.py), grading
-(evaluation.py), drawing a rollout as a tree (show.py).
+evaluation both call. The other shapes each have a reader these do not: `trace.TraceStats` is
+any trace's reading, text or ids (show.py's tree, the sampler's critical path);
+`sampler.RolloutStats` is what only decoding knows (sampled tokens, forks as made, cut paths,
+wall time, cache size; it repeats the reading's length and critical path so a saved record's
+stats stand alone); `sample_record` adds the grades and the problem. `response_structure` is
+TraceStats under a record's key names plus the verdict of `format.check_parallel` and the
+finish: trace.py cannot hold it (format.py reads trace.py).
+Not here: sampling (sampler.py), reading a trace (trace.py), grading (evaluation.py),
+drawing a rollout as a tree (show.py).
 """
 
 from __future__ import annotations

@@ -98,8 +98,10 @@ class TraceStats:
     critical_path: int  # units on the longest route: siblings of the longest path run in parallel
 
     @property
-    def has_parallel(self) -> bool:
-        """At least one valid parallel block (what Parallel-R1's stage-1 reward asks for)."""
+    def has_valid_block(self) -> bool:
+        """At least one valid block. Not what "has parallel" means in a record and the parallel ratio:
+        that is `format.check_parallel`, the one definition, which also asks the whole trace to follow
+        the tag rules (no stray tag, nothing cut off)."""
         return self.valid_blocks > 0
 
     @property
