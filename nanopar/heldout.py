@@ -26,8 +26,8 @@ from .evaluation import evaluate, rescore, summarize
 from .metrics import MetricsLog
 from .model import load_with_policy
 from .policy import Policy
-from .prompts import build_prompt, instructions_named
-from .results import evaluation_key, run_rewards
+from .prompts import build_prompt
+from .results import evaluation_key, held_out_instructions, run_rewards
 from .run_inputs import RunInputs
 from .sampler import SamplerSettings
 from .sft import response_loglikelihood
@@ -60,7 +60,7 @@ class HeldOut:
                 problems = inputs.eval_problems(spec)
                 task = bar.add_task(f"evaluate {stage.name} on {spec}", total=len(problems))
                 records = evaluate(model, tokenizer, problems, policy, sampling, config.eval_samples,
-                                   instructions_named(stage.instructions, spec, inputs.schema), config.chat,
+                                   held_out_instructions(stage, spec, inputs.schema), config.chat,
                                    config.eval_batch, progress=lambda done, task=task: bar.update(task, completed=done))
                 results[spec] = summarize(records) | held_out_rewards(records, run_rewards(self.stages))
                 references = [(p, (p.extra or {}).get("response")) for p in problems]
@@ -80,7 +80,7 @@ class HeldOut:
         """The mean log-probability per token of a set's reference responses (held-out traces) under
         the stage's model, after the prompt the evaluation samples from: read as SFT reads traces."""
         config, eos = self.config, tokenizer.eos_token_id
-        prompts = [build_prompt(problem, tokenizer, instructions_named(stage.instructions, spec, self.inputs.schema),
+        prompts = [build_prompt(problem, tokenizer, held_out_instructions(stage, spec, self.inputs.schema),
                                 chat=config.chat) for problem, _ in references]
         responses = [tokenizer.encode(self.inputs.as_trained(response, stage), add_special_tokens=False) + [eos]
                      for _, response in references]

@@ -15,6 +15,9 @@ asking for the answer in a form the strict grader reads (a box, or a `Final Answ
   "none"      the bare question (a model trained on its own format: the toy's)
 A data source with a model of its own words the sets its own way (`data.Source.instructions`:
 the toy's model reads one marker, "in parallel"); a set it does not word is its "none" text.
+Every prompt is built in these two steps, `instructions_named` (the words) then `build_prompt`
+(the ids): training by `RunInputs.prompt`, held-out evaluation and its key by
+`results.held_out_instructions`, eval.py and sample.py from their flags.
 Not here: the tags as tokens (tags.add_tag_tokens), reading the answer (grading.py).
 """
 

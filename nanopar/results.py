@@ -27,7 +27,7 @@ from .policy import Policy
 from .prompts import instructions_named
 from .rewards import Constant, schedule_from_string
 from .sampler import SamplerSettings
-from .tags import schema_named
+from .tags import TagSchema, schema_named
 
 
 def evaluation_key(config: TrainConfig, stages: list[Stage], stage: Stage) -> dict:
@@ -40,11 +40,18 @@ def evaluation_key(config: TrainConfig, stages: list[Stage], stage: Stage) -> di
     policy = {f.name: getattr(config, f.name) for f in dataclasses.fields(Policy) if hasattr(config, f.name)}
     return {"data": sets, "fields": [config.question_field, config.answer_field],
             "problems": config.eval_problems, "samples": config.eval_samples, "batch": config.eval_batch,
-            "instructions": [instructions_named(stage.instructions, spec, schema) for spec in sets],
+            "instructions": [held_out_instructions(stage, spec, schema) for spec in sets],
             "schema": schema.name,
             "chat": config.chat, "dtype": config.dtype, "load_in_4bit": config.load_in_4bit,
             **dataclasses.asdict(SamplerSettings.from_flags(config)), **policy,
             "mode": stage.mode, "rewards": run_rewards(stages)}
+
+
+def held_out_instructions(stage: Stage, spec: str, schema: TagSchema) -> str:
+    """The instructions a stage's model reads on the evaluation set `spec`, as that set's source
+    words the stage's --instructions: the one place the key above and heldout.py's samples take
+    them from, so an eval.json cannot be kept under a prompt it was not sampled with."""
+    return instructions_named(stage.instructions, spec, schema)
 
 
 def run_rewards(stages: list[Stage]) -> list[str]:
