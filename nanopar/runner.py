@@ -85,8 +85,8 @@ class Runner:
                                               config.sft_schedule if stage.kind == "sft" else "constant", stage.steps,
                                               config.tag_lr_scale if stage.kind == "sft" else 1.0)
         step = load_trainer_state(checkpoint, optimizer, scheduler) if checkpoint else 0
+        self.log.drop_after(stage.name, step)  # lines written after the checkpoint (or by a start killed before one)
         if checkpoint:
-            self.log.drop_after(stage.name, step)
             self.console.print(f"{stage.name}: resumed from {checkpoint.name}")
         steps_of = self.sft_steps if stage.kind == "sft" else self.grpo_steps
         one_step = steps_of(stage, model, tokenizer, policy, optimizer, scheduler, resumed=checkpoint is not None)

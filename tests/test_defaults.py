@@ -55,7 +55,7 @@ def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_w
     config, changed = train.resolved_config([])
     assert changed == {"schema": "parallel-r1", "distill_tries": 1, "pretrain_data": "toy:sequential",
                        "pretrained_base": SHIPPED_BASES["parallel-r1"],
-                       "eval_data": "toy:easy:heldout,toy:hard:heldout"}  # the toy's placeholders, nothing else
+                       "eval_data": "toy:easy:heldout,toy:hard:heldout", "out": "runs/default"}  # the toy's placeholders, nothing else
     config, changed = train.resolved_config(["--preset", "long", "--sft-steps", "7", "--recipe", "npr"])
     assert (config.sft_steps, config.eval_problems) == (7, 560)  # a flag beats the preset
     assert changed["pretrain_data"] == "toy:instruct" and changed["distill_tries"] == 8 and changed["schema"] == "npr"
@@ -66,6 +66,7 @@ def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_w
     assert changed["pretrain_data"] == "" and config.pretrain_data == ""  # a real model's "" is not the toy's base
     assert changed["pretrained_base"] == "" and recipe(config)[0].name == "sft"  # nothing to copy
     assert changed["sft_data"] == "parallel-gsm8k"  # shown and saved like every resolved default
+    assert changed["out"] == f"runs/{tmp_path.name}"  # a real model's run folder is its own
     assert config.eval_data == "gsm8k,dapo[-150:]" and changed["eval_data"] == config.eval_data
     written = parse_config(train.TrainConfig, ["--model", str(tmp_path)])
     assert resolve(written, ["--model", str(tmp_path)]) == changed | {"lr": 1e-5}  # the same road, whoever calls it

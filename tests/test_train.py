@@ -73,6 +73,18 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     assert [m["step"] for m in lines if m.get("stage") == "rl-easy" and "step" in m] == [1, 2, 3]
 
 
+def test_a_stage_killed_before_its_first_checkpoint_starts_over_and_logs_each_step_once(tmp_path, monkeypatch):
+    args = ["--out", str(tmp_path), *SMALL, "--checkpoint-every", "0"]
+    crash_on_call(monkeypatch, 3, RuntimeError("out of memory"))  # rl-easy's third step, before any checkpoint
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train.main(args)
+    assert latest_checkpoint(tmp_path / "3-rl-easy") is None
+    assert [m["step"] for m in read_metrics(tmp_path) if m.get("stage") == "rl-easy" and "step" in m] == [1, 2]
+    monkeypatch.undo()
+    train.main(args)
+    assert [m["step"] for m in read_metrics(tmp_path) if m.get("stage") == "rl-easy" and "step" in m] == [1, 2, 3]
+
+
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(tmp_path, monkeypatch):
     args = ["--out", str(tmp_path), *SMALL, "--checkpoint-every", "0"]
