@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 
 from . import NanoparError
-from .curriculum import Stage, TrainConfig, starting_stage
+from .curriculum import Stage, TrainConfig, stage_folder, starting_stage
 
 MODEL = ("model", "load_in_4bit", "dtype", "lora", "lora_rank", "lora_alpha", "lora_dropout", "schema",
          "path_stride", "chat", "seed", "limit", "question_field", "answer_field", "reward_file")
@@ -96,43 +96,42 @@ def saved_run(out: Path) -> tuple[TrainConfig, list[Stage]] | None:
     return config, stages
 
 
-def stale_stages(config: TrainConfig, stages: list[Stage], folder_of) -> tuple[list[str], list[str]]:
-    """(folder names of the begun stages whose settings changed, "--flag saved -> now" of the flags
-    that differ). `folder_of(stage)` is the stage's folder under this command's recipe."""
-    out = Path(config.out)
-    saved = saved_run(out)
+def stale_stages(config: TrainConfig, stages: list[Stage]) -> tuple[list[Stage], list[str]]:
+    """(the begun stages whose settings changed, "--flag saved -> now" of the flags that differ)."""
+    saved = saved_run(Path(config.out))
     if saved is None:
         return [], []
     old_config, old_stages = saved
-    old_by_folder = {f"{i + 1}-{s.name}": s for i, s in enumerate(old_stages)}
+    old_by_folder = {stage_folder(config.out, old_stages, s).name: s for s in old_stages}
     stale = []
     for stage in stages:
-        folder = folder_of(stage)
+        folder = stage_folder(config.out, stages, stage)
         if not begun(folder):
             continue
         old = old_by_folder.get(folder.name)
         if old is None or stage_settings(old_config, old_stages, old) != stage_settings(config, stages, stage):
-            stale.append(folder.name)
+            stale.append(stage)
     flags = [f"--{f.name.replace('_', '-')} {getattr(old_config, f.name)!r} -> {getattr(config, f.name)!r}"
              for f in dataclasses.fields(TrainConfig)
              if f.name not in BOOKKEEPING and getattr(old_config, f.name) != getattr(config, f.name)]
     return stale, flags
 
 
-def check_reuse(config: TrainConfig, stages: list[Stage], folder_of, log=None) -> list[str]:
+def check_reuse(config: TrainConfig, stages: list[Stage], log=None) -> list[str]:
     """Refuse, in one line, a command whose settings differ from those the folder's begun stages
     were trained with; under --restart delete those stages' folders (and their lines of
     metrics.jsonl, through `log`) instead. -> the folder names deleted."""
-    stale, flags = stale_stages(config, stages, folder_of)
+    stale, flags = stale_stages(config, stages)
     if not stale:
         return []
+    folders = [stage_folder(config.out, stages, stage) for stage in stale]
     if not config.restart:
         changed = "; ".join(flags) if flags else "the recipe's stages"
-        raise NanoparError(f"{config.out} holds {', '.join(stale)}, trained with other settings ({changed}): "
-                           f"give this run its own --out, or add --restart to delete {'them' if len(stale) > 1 else 'it'} "
-                           "and train again")
-    for name in stale:
-        shutil.rmtree(Path(config.out) / name)
+        raise NanoparError(f"{config.out} holds {', '.join(f.name for f in folders)}, trained with other settings "
+                           f"({changed}): give this run its own --out, or add --restart to delete "
+                           f"{'them' if len(stale) > 1 else 'it'} and train again")
+    for stage, folder in zip(stale, folders):
+        shutil.rmtree(folder)
         if log is not None:
-            log.drop_after(name.split("-", 1)[1], -1)  # every line of the stage
-    return stale
+            log.drop_after(stage.name, -1)  # every line of the stage
+    return [folder.name for folder in folders]

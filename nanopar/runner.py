@@ -265,7 +265,7 @@ def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runne
     runner = Runner(config, stages, console)
     for note in runner.inputs.check(chosen):  # how many traces are parallel where they should be
         runner.console.print(note, markup=False, highlight=False, soft_wrap=True)
-    restarted = check_reuse(config, stages, runner.folder, runner.log)  # a folder trained otherwise: refused
+    restarted = check_reuse(config, stages, runner.log)  # a folder trained otherwise: refused
     if restarted:
         runner.console.print(f"--restart: deleted {', '.join(restarted)} of {config.out}; they train again")
     return runner, chosen
