@@ -83,9 +83,10 @@ PRESETS = {  # name -> the TrainConfig fields it changes
     # the whole curriculum with the accuracy-only baseline in <= 2 hours on a CPU (docs/qwen.md): the qwen preset's
     # cold start, then 5 stage-1 steps on GSM8K and 2 stage-2 steps on DAPO for each arm, at 4 prompts x 4 responses
     # (Parallel-R1: 8 x 8, hundreds of steps) and 1e-4 (a few steps must move a LoRA adapter at all), each of the six
-    # models evaluated on 20 problems of each set (~6 minutes an evaluation here, against ~10 at 40)
+    # models evaluated on 20 GSM8K test problems only (the held-out traces' questions and log-probability are the
+    # `--stages sft` command's: sampling them too made six evaluations ~52 minutes of the run)
     "qwen-curriculum": {**qwen, "out": "runs/qwen-curriculum", "baseline": True, "rl_easy_steps": 5, "rl_hard_steps": 2,
-                        "group_size": 4, "lr": 1e-4, "eval_problems": 20, "eval_batch": 20},
+                        "group_size": 4, "lr": 1e-4, "eval_data": "gsm8k", "eval_problems": 20, "eval_batch": 20},
     "smollm2": {"model": "pypi:smollm2", "out": "runs/smollm2", "skip": "rl-hard", "instructions": "none",
                 "sft_steps": 48, "sft_batch": 4, "sft_lr": 2e-3, "tag_lr_scale": 10.0,
                 "micro_batch": 4, "rl_easy_steps": 6, "prompts_per_step": 4, "group_size": 8, "lr": 5e-4,
