@@ -205,6 +205,19 @@ def test_npr_format_ranks_correct_parallel_over_correct_sequential_over_wrong():
     assert value(sequential, "5") == -1.0 >= value(PARALLEL_CASES["one path"][0], "4")
 
 
+def test_accuracy_parallel_bonus_under_npr_tags_asks_npr_rules():
+    """The released check knows only Parallel-R1's tags: under NPR's, a round counts as a block and
+    NPR's rules (format.check_format) are the check. Gold 4, values by hand."""
+    two = ROUND.format(more="<plan>2:double</plan>", steps="<step>2:2*2=4</step>")
+    broken = two.replace("<step>2:2*2=4</step>", "")  # two plans, one step: NPR's rule 2 fails
+
+    def value(text):
+        return get_reward("accuracy_parallel_bonus")(text, parse_trace(text, NPR), Problem("p", "q", "4"))
+
+    assert [value(two + "Final Answer: 4"), value(broken + "Final Answer: 4"), value("Final Answer: 4"),
+            value(two + "Final Answer: 5")] == [1.2, -1.0, 1.0, -1.0]
+
+
 # ----------------------------------------------------------------------------- registry and specs
 
 
