@@ -29,10 +29,11 @@ before any model loads. The tables read only the arms' saved files (`results.py`
 Its measured time and results: docs/results.md.
 
 Where it departs from the papers:
-- The alternating schedule is Parallel-R1's 8-of-10 (accuracy for 8 steps, accuracy-and-parallel
-  for 2) scaled to rl-hard's steps so that both rewards occur and alternate: the same 20%
-  share, in windows of 10 when the stage holds two of them, else of 5 (one parallel step), else
-  of the whole stage (its last step parallel): `alternating_spec`.
+- The alternating schedule is Parallel-R1's 8-of-10 as its released code runs it (accuracy for 8
+  steps, `accuracy_parallel_bonus` for 2: 1.2 correct with a block its format check passes, 1.0
+  correct without one, -1 otherwise) scaled to rl-hard's steps so that both rewards occur and
+  alternate: the same 20% share, in windows of 10 when the stage holds two of them, else of 5
+  (one parallel step), else of the whole stage (its last step parallel): `alternating_spec`.
 - The reward ablation runs in Unseen (structured), as the paper's does: its parallel ratios
   13.6% (accuracy) and 63.0% (alternating) are its Parallel-R1-Unseen (S1) and (S2) results. The
   paper's numbers come from its math benchmarks (AIME, AMC, MATH); ours are the toy's held-out
@@ -87,8 +88,8 @@ def arms(config: TrainConfig) -> list[Arm]:
             unseen),
         Arm("unseen-parallel", "rl-hard rewarded `parallel` (correct and parallel)",
             unseen | {"hard_reward": "parallel"}, after=("unseen", "rl-easy")),
-        Arm("unseen-alternating", f"rl-hard rewarded `{alternating}` (accuracy; `parallel` on the last "
-                                  f"{alternating.split(':')[2]} of every {alternating.split(':')[1]} steps)",
+        Arm("unseen-alternating", f"rl-hard rewarded `{alternating}` (accuracy; `accuracy_parallel_bonus` on "
+                                  f"the last {alternating.split(':')[2]} of every {alternating.split(':')[1]} steps)",
             unseen | {"hard_reward": alternating}, after=("unseen", "rl-easy")),
         Arm("unseen-no-rl-easy", "no stage-1 RL: rl-hard right after sft",
             unseen | {"skip": "rl-easy"}, after=("unseen", "sft")),
@@ -102,7 +103,7 @@ def arms(config: TrainConfig) -> list[Arm]:
 
 
 def alternating_spec(steps: int) -> str:
-    """Parallel-R1's alternating reward (2 of every 10 steps parallel) scaled to a stage of
+    """Parallel-R1's released alternating reward (2 of every 10 steps parallel) scaled to a stage of
     `steps` steps, so that both rewards occur and alternate: windows of 10 when two fit, else of
     5, else the whole stage with its last step parallel.
 

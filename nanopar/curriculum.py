@@ -33,7 +33,7 @@ class Stage:
     kind: str  # "distill" (write traces), "sft" or "grpo"; "given": the configured --model, evaluated only
     data: str  # problems: benchmark name, .jsonl path, hub name, or toy:easy / toy:hard
     steps: int = 0  # optimiser steps (sft, grpo)
-    reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2")
+    reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2", "alternating-strict:10:2")
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
     keep: str = "parallel"  # distill: the traces kept (distill.KEEP): "parallel" (Parallel-R1's filter) or "structured" (NPR's)
@@ -95,7 +95,8 @@ class TrainConfig(ScriptConfig):
     rl_hard_steps: int = 10  # GRPO steps on hard problems (the toy at 5e-5: 15 cost easy accuracy, docs/results.md)
     reward_file: str = ""  # a Python file of your own @register rewards, imported before the run
     easy_reward: str = "parallel"  # reward or schedule of rl-easy
-    hard_reward: str = "accuracy"  # reward or schedule of rl-hard ("alternating:10:2", "two-phase:200")
+    hard_reward: str = "accuracy"  # reward or schedule of rl-hard: "alternating:10:2" (Parallel-R1's released schedule: 2 of 10 steps accuracy_parallel_bonus), "alternating-strict:10:2" (those pay `parallel`), "two-phase:200", "two-phase-strict:200"
+    format_rl_reward: str = "npr_format"  # reward or schedule of NPR's format-rl (stage 1): "npr_format" (its write-up: format and correctness) or "accuracy" (NPR-Zero's released reward, npr-zero/verl/utils/reward_score/math_dapo.py)
     baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
     distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all)
@@ -151,9 +152,12 @@ def recipe(config: TrainConfig) -> list[Stage]:
         # NPR prompts with its format at every stage; the parallel mask and positions arrive with
         # the parallel SFT (stages 1 and 2 sample and train causally, like the instruct model)
         npr = partial(stage, instructions="parallel")
-        # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stages 1-2, hard in 3 (NPR: all ORZ)
+        # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stages 1-2, hard in 3 (NPR: all ORZ).
+        # Stage 1 pays --format-rl-reward: npr_format by default, as NPR's write-up describes it; NPR-Zero's
+        # released code pays accuracy (docs/recipes.md)
         stages = base + [
-            npr("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward="npr_format", lr=c.lr, mode="causal"),
+            npr("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.format_rl_reward, lr=c.lr,
+                mode="causal"),
             npr("rejection", "distill", c.easy_data, tries=c.distill_tries, mode="causal", keep="structured"),
             # NPR fine-tunes the original (instruct) model on the format-RL model's kept traces:
             # format RL only writes data (its code's sft_math.sh starts from the instruct base)

@@ -1,6 +1,6 @@
 """The judges of a trace: each schema's format rules, and what "a valid parallel trace" means.
 
-Parallel-R1's Algorithm 1, exactly as released (scan the tags in order with a stack):
+Parallel-R1's Algorithm 1 (scan the tags in order with a stack):
   1. a closing tag must match the tag on top of the stack;
   2. every <Parallel> block holds at least two <Path>s (directly inside it);
   3. <Summary> is the next tag after </Parallel>;
@@ -28,6 +28,8 @@ on it read the tags as the reading does, one per meaning:
                      branch too under NPR (NPR's rejection filter and `npr_format`);
   check_well_formed  a reading the layout can lay out: the tag rules, no stray tag, not cut
                      inside a block (PAPO's drop keeps these, sequential ones too).
+Parallel-R1's released code implements Algorithm 1 more loosely in four places; the reward that
+mirrors that code (`accuracy_parallel_bonus`) asks `check_released_format`, which says where.
 Not here: the reading itself (trace.py), the rewards built on these judges (rewards.py).
 """
 
@@ -180,6 +182,60 @@ def check_tag_sequence(names: list[str], schema: TagSchema = PARALLEL_R1) -> For
             False, f"{summaries} {schema.summary_open} for {parallel_closes} {schema.block_close}"
         )
     return FormatCheck(True)
+
+
+def check_released_format(text: str) -> FormatCheck:
+    """Parallel-R1's released format check (`check_parallel_thinking_format` in
+    verl/verl/utils/reward_score/math_dapo_acc_parallel_interved.py, the check its alternating
+    reward reads), on Parallel-R1's tags in the text. It departs from Algorithm 1 as
+    `check_tag_sequence` reads it in four places, each passing what that one fails:
+      - <Summary> is never pushed and </Summary> never checked: a summary left open, a stray </Summary>;
+      - a path counts when it closes while a block is open, at any depth: a nested path counts;
+      - after </Parallel> only a <Parallel> drops the expected <Summary>: a path between
+        </Parallel> and <Summary> passes;
+      - the summaries are counted against the </Parallel> in the text.
+    The released function lists every error; this one reports the first.
+
+    >>> check_released_format("<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s").ok
+    True
+    >>> check_released_format("<Parallel><Path>a</Path></Parallel><Summary>s</Summary>").reason
+    'a <Parallel> block holds 1 closed <Path>; at least 2 are needed'
+    """
+    s = PARALLEL_R1
+    stack: list[str] = []  # open kinds: "block", "path"
+    closed_paths: list[int] = []  # one counter per open <Parallel>
+    summary_due, summaries, errors = False, 0, []
+    for _, _, role in find_tags(text, s):
+        if role == "block_open":
+            stack.append("block")
+            closed_paths.append(0)
+            summary_due = False
+        elif role == "path_open":
+            stack.append("path")
+        elif role in ("path_close", "block_close"):
+            kind = role.removesuffix("_close")
+            if stack[-1:] != [kind]:
+                errors.append(f"{getattr(s, role)} does not close {getattr(s, kind + '_open')}")
+                continue
+            stack.pop()
+            if kind == "path" and closed_paths:
+                closed_paths[-1] += 1
+            if kind == "block":
+                paths = closed_paths.pop()
+                if paths < 2:
+                    errors.append(f"a {s.block_open} block holds {paths} closed {s.path_open}; at least 2 are needed")
+                summary_due = True
+        elif role == "summary_open":
+            if not summary_due:
+                errors.append(f"{s.summary_open} does not follow {s.block_close}")
+            summary_due, summaries = False, summaries + 1
+    if stack:
+        errors.append(f"{getattr(s, stack[-1] + '_open')} is never closed")
+    if summary_due:
+        errors.append(f"the last {s.block_close} is not followed by {s.summary_open}")
+    if summaries != text.count(s.block_close):
+        errors.append(f"{summaries} {s.summary_open} for {text.count(s.block_close)} {s.block_close}")
+    return FormatCheck(not errors, errors[0] if errors else "")
 
 
 _INSIDE = {"plans": "block_open", "plan": "plan_open", "step": "path_open", "takeaway": "summary_open"}

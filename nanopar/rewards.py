@@ -3,12 +3,13 @@
 A reward scores one rollout: `fn(text, trace, problem) -> float` (`text`: the response with its
 tags, `response_text`; `trace`: its reading; `problem`: the `data.Problem` it answers). Built-ins
 (docs/recipes.md gives values and sources): accuracy, format, parallel (correct AND a valid
-parallel trace: Parallel-R1 stage 1), accuracy_parallel_bonus, accuracy_times_parallel,
-npr_format (NPR stage 1). A spec is a weighted sum, "accuracy:1,format:0.2"; `score` returns the
+parallel trace: Parallel-R1 stage 1), accuracy_parallel_bonus (Parallel-R1's released reward for
+its alternating schedule's parallel steps), accuracy_times_parallel, npr_format (NPR stage 1). A spec is a weighted sum, "accuracy:1,format:0.2"; `score` returns the
 total, each component and the `Grade`, grading the answer once and counting a failure, never
 hiding it. `@register("name")` adds a reward; `load_reward_file` loads a user's file of them.
 Schedules pick the spec per step: `Constant`, `Alternating` (Parallel-R1: 8 of every 10 steps
-accuracy, 2 parallel), `TwoPhase` (that scaffold, then accuracy). `as_trl_reward` wraps a reward
+accuracy, 2 accuracy_parallel_bonus as its code runs it; "alternating-strict" pays `parallel` on
+those 2), `TwoPhase` (that scaffold, then accuracy). `as_trl_reward` wraps a reward
 for TRL's GRPOTrainer.
 Not here: PAPO's drop itself (grpo.py; `RewardResult.layout_ok` says what it keeps), length or
 diversity rewards, learned reward models.
@@ -25,7 +26,7 @@ from typing import Callable, Protocol
 
 from . import NanoparError
 from .data import Problem
-from .format import check_format, check_parallel, check_structured, check_well_formed
+from .format import check_format, check_parallel, check_released_format, check_structured, check_well_formed
 from .grading import Grade, grade
 from .tags import PARALLEL_R1, TagIds, TagSchema
 from .trace import Trace, parse_ids, parse_trace
@@ -39,12 +40,12 @@ def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
-PARALLEL_BONUS = 0.2  # what `accuracy_parallel_bonus` adds to a correct answer with a valid block
+PARALLEL_BONUS = 0.2  # what `accuracy_parallel_bonus` adds to a correct answer with a block that passes the check
 
 # ----------------------------------------------------------------------------- registry
 
 REWARDS: dict[str, RewardFn] = {}
-_RESERVED = {"constant", "alternating", "two-phase"}  # schedule keywords in `schedule_from_string`
+_RESERVED = {"constant", "alternating", "alternating-strict", "two-phase", "two-phase-strict"}  # `schedule_from_string`'s keywords
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 
@@ -188,10 +189,30 @@ def parallel(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("accuracy_parallel_bonus")
 def accuracy_parallel_bonus(text: str, trace: Trace, problem: Problem) -> float:
-    """accuracy + PARALLEL_BONUS (0.2) when correct with parallel thinking: 1.2 / 1.0 / -1.0."""
-    correct = is_correct(text, problem)
-    bonus = PARALLEL_BONUS if correct and uses_parallel(text, trace) else 0.0
-    return (1.0 if correct else -1.0) + bonus
+    """Parallel-R1's released reward on its alternating schedule's parallel steps
+    (`reward_func_acc_and_parallel` in verl/verl/utils/reward_score/math_dapo_acc_parallel_interved.py):
+      correct, no <Parallel> in the text                               1.0
+      correct, one <Parallel> or more, the format check passes         1.0 + PARALLEL_BONUS = 1.2
+      otherwise: wrong, or correct with a block the check fails       -1.0
+    As the released code does, it reads the text (tags kept), not `trace`: it counts the block
+    openers in it and asks the released format check (`format.check_released_format`, looser than
+    `uses_parallel` in four places), so a correct answer whose block the check fails earns less
+    than one without a block. Under NPR's tags the check is NPR's rules (`format.check_format`):
+    the released check knows only Parallel-R1's. Departure: the answer is graded by nanopar's
+    grader (`is_correct`), not the released one's last 300 characters.
+
+    >>> right, block = Problem("p", "q", "4"), "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s</Summary>"
+    >>> [accuracy_parallel_bonus(t, parse_trace(t), right) for t in (block + "Final Answer: 4", "Final Answer: 4",
+    ...  "<Parallel><Path>a</Path></Parallel><Summary>s</Summary>Final Answer: 4", block + "Final Answer: 5")]
+    [1.2, 1.0, -1.0, -1.0]
+    """
+    if not is_correct(text, problem):
+        return -1.0
+    schema = trace.schema
+    if text.count(schema.block_open) == 0:
+        return 1.0
+    passes = check_format(text, schema) if schema.planned else check_released_format(text)
+    return 1.0 + PARALLEL_BONUS if passes.ok else -1.0
 
 
 @register("accuracy_times_parallel")
@@ -315,13 +336,20 @@ class Alternating:
     """Parallel-R1's alternating reward: in each window, the last `parallel_steps` steps use the
     parallel spec, the others the accuracy spec (window 10, 2 parallel: steps 8, 9, 18, 19, ...).
 
+    The defaults are its released code's (`compute_score` in
+    verl/verl/utils/reward_score/math_dapo_acc_parallel_interved.py): accuracy when
+    (global_step - 1) % 10 < 8, else `accuracy_parallel_bonus`. verl counts its first step as 1 and
+    nanopar's `step` counts from 0, so step k is global_step k + 1: the same steps. With
+    parallel_spec "parallel" ("alternating-strict") the parallel steps pay only a correct answer
+    in a valid parallel trace, the stricter reading of the write-up.
+
     >>> s = Alternating()
     >>> [next(iter(s.spec(k))) for k in (0, 7, 8, 9, 10)]
-    ['accuracy', 'accuracy', 'parallel', 'parallel', 'accuracy']
+    ['accuracy', 'accuracy', 'accuracy_parallel_bonus', 'accuracy_parallel_bonus', 'accuracy']
     """
 
     accuracy_spec: dict[str, float] | str = "accuracy"  # most steps: accuracy only
-    parallel_spec: dict[str, float] | str = "parallel"  # the rest: correct AND parallel
+    parallel_spec: dict[str, float] | str = "accuracy_parallel_bonus"  # the rest: 1.2 correct in a block, 1.0 correct without
     window: int = 10  # steps per window
     parallel_steps: int = 2  # steps per window, at its end, that use `parallel_spec`
 
@@ -346,7 +374,7 @@ class TwoPhase:
 
     >>> s = TwoPhase(first_steps=20)
     >>> s.spec(19), s.spec(20)
-    ({'parallel': 1.0}, {'accuracy': 1.0})
+    ({'accuracy_parallel_bonus': 1.0}, {'accuracy': 1.0})
     """
 
     first_steps: int = 200  # steps of the scaffold phase (the paper: about 200)
@@ -367,10 +395,11 @@ def schedule_from_string(text: str) -> RewardSchedule:
     """A schedule from a command-line flag.
 
       "accuracy:1,format:0.2"                      Constant(that spec); also "constant:SPEC"
-      "alternating[:WINDOW[:PARALLEL_STEPS]]"      Alternating (defaults 10, 2)
-      "two-phase[:FIRST[:WINDOW[:PARALLEL_STEPS]]]" TwoPhase over Alternating (defaults 200, 10, 2)
+      "alternating[:WINDOW[:PARALLEL_STEPS]]"      Alternating as released (defaults 10, 2)
+      "two-phase[:FIRST[:WINDOW[:PARALLEL_STEPS]]]" TwoPhase over it (defaults 200, 10, 2)
+      "alternating-strict[...]", "two-phase-strict[...]"  the same, `parallel` on the parallel steps
 
-    >>> schedule_from_string("two-phase:100:5:1")
+    >>> schedule_from_string("two-phase-strict:100:5:1")
     TwoPhase(first_steps=100, scaffold=Alternating(accuracy_spec={'accuracy': 1.0}, parallel_spec={'parallel': 1.0}, window=5, parallel_steps=1), after=Constant(weights={'accuracy': 1.0}))
     >>> schedule_from_string("alternating:ten")
     Traceback (most recent call last):
@@ -380,22 +409,24 @@ def schedule_from_string(text: str) -> RewardSchedule:
     kind, _, rest = text.strip().partition(":")
     if kind == "constant":
         return Constant(rest)
-    forms = {"alternating": "alternating[:WINDOW[:PARALLEL_STEPS]]",
-             "two-phase": "two-phase[:FIRST_STEPS[:WINDOW[:PARALLEL_STEPS]]]"}
-    if kind not in forms:
+    forms = {"alternating": "[:WINDOW[:PARALLEL_STEPS]]", "two-phase": "[:FIRST_STEPS[:WINDOW[:PARALLEL_STEPS]]]"}
+    base = kind.removesuffix("-strict")
+    if base not in forms:
         return Constant(text)
     numbers = []
     for part in rest.split(":") if rest else []:
         try:
             numbers.append(int(part))
         except ValueError:
-            raise NanoparError(f"schedule {text!r}: {part!r} is not a whole number ({forms[kind]})") from None
-    if len(numbers) > (2 if kind == "alternating" else 3):
-        raise NanoparError(f"schedule {text!r}: too many numbers ({forms[kind]})")
-    if kind == "alternating":
-        return Alternating(**dict(zip(("window", "parallel_steps"), numbers)))
+            raise NanoparError(f"schedule {text!r}: {part!r} is not a whole number ({kind}{forms[base]})") from None
+    if len(numbers) > (2 if base == "alternating" else 3):
+        raise NanoparError(f"schedule {text!r}: too many numbers ({kind}{forms[base]})")
+    parallel_spec = "parallel" if kind.endswith("-strict") else "accuracy_parallel_bonus"
+    if base == "alternating":
+        return Alternating(parallel_spec=parallel_spec, **dict(zip(("window", "parallel_steps"), numbers)))
     first_steps = numbers[0] if numbers else 200
-    return TwoPhase(first_steps, Alternating(**dict(zip(("window", "parallel_steps"), numbers[1:]))))
+    return TwoPhase(first_steps, Alternating(parallel_spec=parallel_spec,
+                                             **dict(zip(("window", "parallel_steps"), numbers[1:]))))
 
 
 # ----------------------------------------------------------------------------- TRL adapter

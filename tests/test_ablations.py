@@ -72,10 +72,10 @@ def test_the_alternating_arm_has_both_rewards_at_any_length(steps):
     spec = ablations.alternating_spec(steps)
     schedule = schedule_from_string(spec)
     rewards = [next(iter(schedule.spec(step))) for step in range(steps)]
-    assert {"accuracy", "parallel"} == set(rewards), (spec, rewards)
-    assert rewards.count("parallel") <= max(1, steps // 5)  # the paper's 2 of 10, at most
-    if steps >= 10:
-        assert rewards[-1] == "parallel" or rewards.count("parallel") >= 2  # they alternate, not one switch
+    assert {"accuracy", "accuracy_parallel_bonus"} == set(rewards), (spec, rewards)  # the released schedule
+    assert rewards.count("accuracy_parallel_bonus") <= max(1, steps // 5)  # the paper's 2 of 10, at most
+    if steps >= 10:  # they alternate, not one switch
+        assert rewards[-1] == "accuracy_parallel_bonus" or rewards.count("accuracy_parallel_bonus") >= 2
 
 
 def fake_results(runner, stage, easy, hard, per_problem=None):

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from conftest import PARALLEL_CASES, text_ids
-from nanopar.format import check_format
+from nanopar.format import check_format, check_released_format
 from nanopar.tags import PARALLEL_R1, TagIds, TagSchema, find_tags
 from nanopar.trace import parse_ids, parse_trace, trace_stats
 
@@ -51,6 +51,32 @@ def test_valid_traces(text):
 def test_invalid_traces_name_the_broken_rule(text, reason):
     result = check_format(text)
     assert not result.ok and result.reason == reason
+
+
+# Parallel-R1's released check (check_released_format) against Algorithm 1 as check_format reads it:
+# (text, released passes?, check_format passes?), each verdict worked out by hand from the rules
+RELEASED_VS_ALGORITHM_1 = {
+    "a valid block": (BLOCK, True, True),
+    "one path": ("<Parallel><Path>a</Path></Parallel><Summary>s</Summary>", False, False),
+    "no summary": ("<Parallel><Path>a</Path><Path>b</Path></Parallel>x", False, False),
+    "left open": ("<Parallel><Path>a</Path><Path>b", False, False),
+    "a summary without a block": ("<Summary>s</Summary>", False, False),
+    "no tags": ("Final Answer: 3", True, True),
+    # where the released code is looser: <Summary> is never pushed, a path counts when it closes
+    # inside a block at any depth, and a path between </Parallel> and <Summary> is not an error
+    "the summary left open": ("<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s", True, False),
+    "a stray </Summary>": ("x</Summary>", True, False),
+    "two paths, one nested": ("<Parallel><Path><Path>a</Path></Path></Parallel><Summary>s</Summary>", True, False),
+    "a path before the summary": ("<Parallel><Path>a</Path><Path>b</Path></Parallel><Path>c</Path><Summary>s</Summary>",
+                                  True, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED_VS_ALGORITHM_1))
+def test_the_released_check_is_looser_than_algorithm_1_in_four_places(name):
+    text, released, algorithm_1 = RELEASED_VS_ALGORITHM_1[name]
+    assert (check_released_format(text).ok, check_format(text).ok) == (released, algorithm_1)
+    assert (check_released_format(text).reason == "") == released
 
 
 def test_another_schema_plugs_in():

@@ -1,7 +1,13 @@
 """The recipes' stages as the papers run them: where each stage starts, how each decodes, and the
 defaults that follow the schema. Checked on the stage lists (`curriculum.recipe`), no model."""
 
+import dataclasses
+
+import pytest
+
 import train
+from conftest import one_line
+from nanopar import NanoparError
 from nanopar.curriculum import recipe, starting_stage
 
 
@@ -43,3 +49,23 @@ def test_npr_chooses_up_to_its_engines_plan_count_unless_told(tmp_path):
     assert stages_of(["--recipe", "npr"])[0].paths == 5
     assert stages_of(["--recipe", "npr", "--paths", "3"])[0].paths == 3
     assert stages_of(["--schema", "npr"])[0].paths == 5  # the schema decides, not the recipe
+
+
+def test_npr_stage_1_pays_the_write_ups_reward_or_npr_zeros_released_one():
+    """--format-rl-reward: NPR's format RL pays `npr_format` (its write-up: format and correctness)
+    unless told `accuracy` (NPR-Zero's released reward); no other stage changes."""
+    _, by_name, stages = stages_of(["--recipe", "npr"])
+    assert by_name["format-rl"].reward == "npr_format" and by_name["parallel-rl"].reward == "accuracy"
+    _, zero, zero_stages = stages_of(["--recipe", "npr", "--format-rl-reward", "accuracy"])
+    assert zero["format-rl"].reward == "accuracy"
+    assert [dataclasses.replace(s, reward="") for s in zero_stages] == [dataclasses.replace(s, reward="") for s in stages]
+    assert [s.reward for s in zero_stages if s.name != "format-rl"] == [s.reward for s in stages if s.name != "format-rl"]
+    assert "format-rl" not in stages_of(["--format-rl-reward", "accuracy"])[1]  # Parallel-R1's recipe has no such stage
+
+
+def test_a_bad_stage_1_reward_is_a_one_line_error_before_any_stage_runs(tmp_path):
+    with pytest.raises(NanoparError) as error:
+        train.main(["--out", str(tmp_path), "--recipe", "npr", "--stages", "format-rl", "--format-rl-reward", "acuracy",
+                    "--rl-easy-steps", "1", "--eval-problems", "0"])
+    assert one_line(error).startswith("unknown reward 'acuracy'; known: accuracy, ")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # nothing was trained or written

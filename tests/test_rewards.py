@@ -36,8 +36,9 @@ EXPECTED = {
     "accuracy": {("valid", 1): 1, ("invalid", 1): 1, ("none", 1): 1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1},
     "format": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): 1, ("valid", 0): 1, ("invalid", 0): -1, ("none", 0): 1},
     "parallel": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): -1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1},
+    # as released: correct with a block its format check fails (one path) is -1, below correct without one
     "accuracy_parallel_bonus": {
-        ("valid", 1): 1.2, ("invalid", 1): 1, ("none", 1): 1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1,
+        ("valid", 1): 1.2, ("invalid", 1): -1, ("none", 1): 1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1,
     },
     "accuracy_times_parallel": {
         ("valid", 1): 1, ("invalid", 1): 0, ("none", 1): 0, ("valid", 0): -1, ("invalid", 0): 0, ("none", 0): 0,
@@ -104,6 +105,38 @@ def test_rewards_read_token_id_traces():
     assert score("parallel", TRACES["valid"], trace, RIGHT).total == 1.0
 
 
+# Parallel-R1's released reward for the parallel steps of its alternating schedule, gold 4: each
+# value worked out by hand from its rules (reward_func_acc_and_parallel): correct and no <Parallel>
+# in the text 1.0; correct, a <Parallel> or more and its format check passing 1.2; otherwise -1
+B = "<Parallel><Path>2+2</Path><Path>2*2</Path></Parallel><Summary>4</Summary>"
+RELEASED_BONUS = {
+    "correct, a valid block": (B + "Final Answer: 4", 1.2),
+    "correct, no tag": ("2+2 = 4\nFinal Answer: 4", 1.0),
+    "wrong, a valid block": (B + "Final Answer: 5", -1.0),
+    "wrong, no tag": ("Final Answer: 5", -1.0),
+    # correct with a block the check fails: -1, below a correct answer without a block
+    "correct, a block of one path": ("<Parallel><Path>4</Path></Parallel><Summary>4</Summary>Final Answer: 4", -1.0),
+    "correct, a block with no summary": ("<Parallel><Path>a</Path><Path>b</Path></Parallel>Final Answer: 4", -1.0),
+    "correct, a block left open": ("Final Answer: 4 <Parallel><Path>a</Path><Path>b", -1.0),
+    # no <Parallel> in the text: 1.0 whatever other tag is there (the format is not asked)
+    "correct, a stray </Path>, no block": ("2+2 = 4</Path>Final Answer: 4", 1.0),
+    "correct, a summary without a block": ("<Summary>4</Summary>Final Answer: 4", 1.0),
+    # the released check passes what nanopar's reading calls invalid: a summary never closed,
+    # a path between </Parallel> and <Summary>, a path after the summary
+    "correct, the summary never closed": ("<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>4 Final Answer: 4", 1.2),
+    "correct, a path before the summary": (
+        "<Parallel><Path>a</Path><Path>b</Path></Parallel><Path>c</Path><Summary>4</Summary>Final Answer: 4", 1.2),
+    "correct, a path after the summary": (B + "<Path>z</Path>Final Answer: 4", 1.2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED_BONUS))
+def test_accuracy_parallel_bonus_is_parallel_r1s_released_reward(name):
+    text, value = RELEASED_BONUS[name]
+    problem = Problem("p", "what is 2+2?", "4")
+    assert get_reward("accuracy_parallel_bonus")(text, parse_trace(text), problem) == pytest.approx(value)
+
+
 # every reward that means "a valid parallel trace" agrees with format.check_parallel; gold 4
 NPR_FORMAT = {
     "clean": 1.0,  # correct and in the format (format.check_structured)
@@ -116,6 +149,10 @@ NPR_FORMAT = {
 
 
 LAID_OUT = {"clean", "sequential"}  # what PAPO keeps: no stray tag, no broken block, not cut inside one
+# accuracy_parallel_bonus is the exception: it mirrors Parallel-R1's released reward, whose format check
+# on the text passes a path after the summary and a nested path (two stray tags in the reading)
+RELEASED_BONUS_ON_CASES = {"clean": 1.2, "path after the summary": 1.2, "nested path": 1.2,
+                           "truncated block": -1.0, "one path": -1.0, "sequential": 1.0}
 
 
 @pytest.mark.parametrize("name", sorted(PARALLEL_CASES))
@@ -124,10 +161,9 @@ def test_parallel_rewards_use_the_one_validity_predicate_and_papo_keeps_what_can
     problem = Problem("p", "what is 2+2?", "4")
     spec = "parallel:1,accuracy_parallel_bonus:1,accuracy_times_parallel:1,npr_format:1"
     result = score(spec, text, parse_trace(text), problem)
-    correct = result.grade.correct
     assert result.components == {
         "parallel": 1.0 if valid else -1.0,
-        "accuracy_parallel_bonus": 1.2 if valid else (1.0 if correct else -1.0),
+        "accuracy_parallel_bonus": RELEASED_BONUS_ON_CASES[name],
         "accuracy_times_parallel": 1.0 if valid else 0.0,
         "npr_format": NPR_FORMAT[name],
     }
@@ -167,6 +203,19 @@ def test_npr_format_ranks_correct_parallel_over_correct_sequential_over_wrong():
     parallel, sequential = PARALLEL_CASES["clean"][0], PARALLEL_CASES["sequential"][0]
     assert value(parallel, "4") == 1.0 > value(sequential, "4") == 0.0 > value(parallel, "5") == -1.0
     assert value(sequential, "5") == -1.0 >= value(PARALLEL_CASES["one path"][0], "4")
+
+
+def test_accuracy_parallel_bonus_under_npr_tags_asks_npr_rules():
+    """The released check knows only Parallel-R1's tags: under NPR's, a round counts as a block and
+    NPR's rules (format.check_format) are the check. Gold 4, values by hand."""
+    two = ROUND.format(more="<plan>2:double</plan>", steps="<step>2:2*2=4</step>")
+    broken = two.replace("<step>2:2*2=4</step>", "")  # two plans, one step: NPR's rule 2 fails
+
+    def value(text):
+        return get_reward("accuracy_parallel_bonus")(text, parse_trace(text, NPR), Problem("p", "q", "4"))
+
+    assert [value(two + "Final Answer: 4"), value(broken + "Final Answer: 4"), value("Final Answer: 4"),
+            value(two + "Final Answer: 5")] == [1.2, -1.0, 1.0, -1.0]
 
 
 # ----------------------------------------------------------------------------- registry and specs
@@ -220,25 +269,25 @@ def test_spec_forms():
 
 
 def test_reward_names_are_checked():
-    for bad in ("alternating", "two-phase", "a:b", "a,b", ""):
+    for bad in ("alternating", "alternating-strict", "two-phase", "two-phase-strict", "a:b", "a,b", ""):
         with pytest.raises(NanoparError, match="reward name"):
             register(bad)
 
 
 # ----------------------------------------------------------------------------- schedules
 
-ACC, PAR = {"accuracy": 1.0}, {"parallel": 1.0}
+ACC, PAR, BONUS = {"accuracy": 1.0}, {"parallel": 1.0}, {"accuracy_parallel_bonus": 1.0}
 
 
 def test_alternating_spec_per_step():
     schedule = Alternating()
-    expected = [ACC] * 8 + [PAR] * 2 + [ACC] * 8 + [PAR] * 2 + [ACC] * 6  # steps 0..25
+    expected = [ACC] * 8 + [BONUS] * 2 + [ACC] * 8 + [BONUS] * 2 + [ACC] * 6  # steps 0..25
     assert [schedule.spec(step) for step in range(26)] == expected
     custom = Alternating("accuracy", "accuracy:1,accuracy_parallel_bonus:1", window=4, parallel_steps=1)
     mixed = {"accuracy": 1.0, "accuracy_parallel_bonus": 1.0}
     assert [custom.spec(step) for step in range(9)] == [ACC, ACC, ACC, mixed, ACC, ACC, ACC, mixed, ACC]
     assert [Alternating(window=3, parallel_steps=0).spec(k) for k in range(3)] == [ACC] * 3
-    assert [Alternating(window=2, parallel_steps=2).spec(k) for k in range(3)] == [PAR] * 3
+    assert [Alternating(window=2, parallel_steps=2).spec(k) for k in range(3)] == [BONUS] * 3
 
 
 def test_spec_copies_do_not_leak():
@@ -249,10 +298,10 @@ def test_spec_copies_do_not_leak():
 
 def test_two_phase_switches_at_first_steps():
     schedule = TwoPhase(first_steps=25)
-    assert [schedule.spec(k) for k in (0, 7, 8, 9, 18, 19, 24)] == [ACC, ACC, PAR, PAR, PAR, PAR, ACC]
+    assert [schedule.spec(k) for k in (0, 7, 8, 9, 18, 19, 24)] == [ACC, ACC, BONUS, BONUS, BONUS, BONUS, ACC]
     assert all(schedule.spec(k) == ACC for k in range(25, 60))  # accuracy only from step 25
     inner = TwoPhase(first_steps=3, scaffold=Constant("format"), after=Alternating(window=2, parallel_steps=1))
-    assert [inner.spec(k) for k in range(6)] == [{"format": 1.0}] * 3 + [ACC, PAR, ACC]  # `after` restarts at 0
+    assert [inner.spec(k) for k in range(6)] == [{"format": 1.0}] * 3 + [ACC, BONUS, ACC]  # `after` restarts at 0
 
 
 def test_schedule_from_string():
@@ -263,7 +312,7 @@ def test_schedule_from_string():
     assert schedule_from_string("alternating:5") == Alternating(window=5)
     assert schedule_from_string("two-phase") == TwoPhase(200)
     two = schedule_from_string("two-phase:150:20:4")
-    assert two == TwoPhase(150, Alternating(window=20, parallel_steps=4)) and two.spec(16) == PAR
+    assert two == TwoPhase(150, Alternating(window=20, parallel_steps=4)) and two.spec(16) == BONUS
 
 
 @pytest.mark.parametrize(
@@ -282,6 +331,49 @@ def test_bad_schedule_strings(text, message):
     with pytest.raises(NanoparError) as error:
         schedule_from_string(text)
     assert str(error.value).startswith(message)
+
+
+def test_alternating_pays_the_released_reward_on_the_released_steps():
+    """The released schedule (compute_score): global_step, 1-based (verl counts its first step as 1),
+    pays accuracy when (global_step - 1) % 10 < 8, else accuracy_parallel_bonus. nanopar's step k
+    (0-based) is global_step k + 1."""
+    schedule = Alternating()
+    for k in range(100):
+        global_step = k + 1
+        assert schedule.spec(k) == (ACC if (global_step - 1) % 10 < 8 else {"accuracy_parallel_bonus": 1.0}), k
+    assert TwoPhase(first_steps=20).spec(9) == {"accuracy_parallel_bonus": 1.0}
+
+
+def test_the_strict_reading_keeps_its_own_name():
+    """alternating-strict pays `parallel` (a correct answer in a valid parallel trace) on the same steps."""
+    strict = schedule_from_string("alternating-strict")
+    assert strict == Alternating(parallel_spec="parallel")
+    assert [strict.spec(k) for k in (0, 7, 8, 9, 10)] == [ACC, ACC, PAR, PAR, ACC]
+    assert schedule_from_string("alternating-strict:5:1") == Alternating(parallel_spec="parallel", window=5,
+                                                                          parallel_steps=1)
+    assert schedule_from_string("two-phase-strict:100:5:1") == TwoPhase(
+        100, Alternating(parallel_spec="parallel", window=5, parallel_steps=1))
+    assert schedule_from_string("two-phase-strict").spec(8) == PAR
+    for name in ("alternating-strict", "two-phase-strict"):
+        with pytest.raises(NanoparError, match="reward name"):
+            register(name)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("alternating-strict:ten", "schedule 'alternating-strict:ten': 'ten' is not a whole number "
+                                   "(alternating-strict[:WINDOW[:PARALLEL_STEPS]])"),
+        ("alternating-strict:10:2:1", "schedule 'alternating-strict:10:2:1': too many numbers"),
+        ("alternating-strict:2:5", "alternating schedule needs window >= 1 and 0 <= parallel steps <= window"),
+        ("two-phase-strict:x", "schedule 'two-phase-strict:x': 'x' is not a whole number "
+                               "(two-phase-strict[:FIRST_STEPS[:WINDOW[:PARALLEL_STEPS]]])"),
+    ],
+)
+def test_bad_strict_schedule_strings_are_one_line_errors(text, message):
+    with pytest.raises(NanoparError) as error:
+        schedule_from_string(text)
+    assert one_line(error).startswith(message)
 
 
 # ----------------------------------------------------------------------------- TRL adapter
