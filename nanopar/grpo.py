@@ -164,8 +164,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
     Only kept responses count (None: all): a group is its surviving members, so its mean and std
     are theirs; a dropped response gets 0. "batch" divides by the std of every kept reward in the
     batch, and a group left with one member is measured against 0 (advantage r / batch std), as
-    NPR's released PAPO does; "zscore" and "mean" give a lone member 0 (nothing to compare it
-    with: Parallel-R1 never drops, so its groups are whole). Stds are population stds (divide by n).
+    NPR's released PAPO does, unless every kept reward is equal (std 0: then 0, not r / eps);
+    "zscore" and "mean" give a lone member 0 (nothing to compare it with: Parallel-R1 never
+    drops, so its groups are whole). Stds are population stds (divide by n).
 
     >>> [round(a, 3) for a in group_advantages(torch.tensor([1., -1., 1., 1.]), 2).tolist()]
     [1.0, -1.0, 0.0, 0.0]
@@ -194,8 +195,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
         # NPR's released PAPO gives a group of one the mean 0, so its advantage is r / batch std
         # (npr-rl/verl/trainer/ppo/core_algos.py, compute_grpo_outcome_advantage). Its std there
         # is torch.std (n - 1) taken inside the loop that overwrites the scores, so each response
-        # sees another std; nanopar takes the population std of the kept rewards once.
-        alone = weight.sum(-1, keepdim=True) == 1  # [P, 1]
+        # sees another std; nanopar takes the population std of the kept rewards once. A batch of
+        # equal rewards (std 0) would give r / eps, +-1e6 there: here its lone members get 0, as
+        # every other member of that batch does.
+        alone = (weight.sum(-1, keepdim=True) == 1) & (std > 0)  # [P, 1]
         centred = torch.where(alone, groups * weight, centred)  # [P, G]
     return (centred / (std + eps)).flatten()
 
@@ -229,6 +232,8 @@ def policy_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, 
     `total` is what the whole batch's loss is divided by: its sampled tokens ("token-mean") or its
     responses ("seq-mean-token-mean": each row first averaged over its own sampled tokens). The
     ratio is clipped to [1 - clip, 1 + clip_high] (clip_high None: clip)."""
+    if agg not in LOSS_AGGREGATIONS:
+        raise NanoparError(f"unknown loss aggregation {agg!r}: use {' or '.join(map(repr, LOSS_AGGREGATIONS))}")
     high = clip if clip_high is None else clip_high
     ratio = torch.exp(new - old)  # [b, T-1] exactly 1 on the first update
     A = advantages[:, None]  # [b, 1]

@@ -454,8 +454,10 @@ def test_the_loss_is_a_token_mean_or_a_mean_of_response_means(micro_batch, monke
         settings = GRPOSettings(micro_batch=micro_batch, loss_agg=agg)
         metrics = grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), settings, PAD)
         assert metrics["loss"] == pytest.approx(want, rel=1e-6), agg
-    with pytest.raises(NanoparError, match="unknown loss aggregation 'seq-mean'"):
-        GRPOSettings(loss_agg="seq-mean")
+    for wrong in (lambda: GRPOSettings(loss_agg="seq-mean"), lambda: policy_loss(*[torch.zeros(1, 1)] * 2, advantages[:1],
+                                                                                torch.ones(1, 1), 1.0, 0.2, agg="seq-mean")):
+        with pytest.raises(NanoparError, match="unknown loss aggregation 'seq-mean'"):
+            wrong()
 
 
 def test_policy_loss_of_responses_of_different_lengths_in_each_aggregation():
@@ -509,6 +511,10 @@ def test_a_papo_group_with_one_survivor_is_measured_against_zero():
     std = (8 / 9) ** 0.5
     assert group_advantages(rewards, 2, "batch", kept).tolist() == pytest.approx(
         [1 / std, -1 / std, 0.0, 0.0, 1 / std, 0.0], abs=1e-5)
+    # every kept reward equal (the toy's PAPO stage: -1 everywhere): std 0, and r / (0 + eps) would
+    # be -1e6 (NPR's code); nanopar's lone member gets 0, as every other member of such a batch
+    same = torch.tensor([-1.0, -1.0, -1.0, 5.0])
+    assert group_advantages(same, 2, "batch", torch.tensor([True, True, True, False])).tolist() == [0.0] * 4
 
 
 def test_papo_is_on_policy_so_more_than_one_update_is_refused(tmp_path):
