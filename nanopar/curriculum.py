@@ -116,6 +116,8 @@ class TrainConfig(ScriptConfig):
     advantage: str = "zscore"  # "zscore", "mean" or "batch" (group mean, batch std: PAPO; NPR's last stage uses it)
     updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
     clip: float = 0.2  # PPO clip range (updates > 1 only)
+    clip_high: float | None = None  # upper clip range, apart from --clip (Parallel-R1's stage 2 sets 0.28; updates > 1 only); unset = --clip
+    loss_agg: str = "token-mean"  # GRPO loss: "token-mean" (each sampled token of the batch alike) or "seq-mean-token-mean" (each response alike, NPR's released run)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
     micro_batch: int = 16  # rows per forward/backward
     micro_batch_tokens: int = 0  # instead of --micro-batch rows: rows sorted by length, packed so that rows x longest row <= this (0 = off); GRPO and SFT

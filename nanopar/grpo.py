@@ -8,22 +8,30 @@
     (r - group mean) / (std of the batch's rewards + eps) ("batch": PAPO's batch-level
     normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0;
   - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded:
-    the policy never drew them; NPR's code trains the inserted ones too), summed and divided by
-    the number of sampled tokens in the whole rollout batch, before it is cut into
-    micro-batches, so a long response weighs as much per token as a short one;
+    the policy never drew them; NPR's code trains the inserted ones too), aggregated over the
+    whole rollout batch before it is cut into micro-batches (`loss_agg`): "token-mean" (the
+    default) sums it and divides by the batch's sampled tokens, so every token weighs alike and
+    a long response more than a short one; "seq-mean-token-mean" (verl's name) takes each
+    response's mean over its tokens, then the mean over the responses, so every response weighs
+    alike, as NPR's released run does (docs/recipes.md "Simplifications" compares both codes);
   - on-policy by default: one update per batch, so the ratio pi/pi_old is exactly 1 and the
     loss is plain -A * log pi (its gradient is the policy gradient): pi_old is the training
     read itself, detached, not a second forward; with `updates > 1` the PPO-style clipped ratio
-    applies (pi_old = the policy before the first update, read once);
-  - not DAPO, for NPR's format RL too (its code's stage 1 is DAPO): no clip-higher, and an
-    all-equal group is not replaced by fresh samples (no dynamic sampling);
+    applies (pi_old = the policy before the first update, read once), below at 1 - clip and
+    above at 1 + clip_high (clip-higher; by default clip_high = clip); every update is over the
+    whole batch (the released codes step once per mini-batch instead) and there is no dual
+    clip (verl bounds a negative advantage's ratio at clip_ratio_c: 3 in Parallel-R1, 10 in NPR);
+  - not DAPO, for NPR's format RL too (its code's stage 1 is DAPO): on-policy, so no ratio to
+    clip higher, and an all-equal group is not replaced by fresh samples (no dynamic sampling);
   - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
     exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
     (after SFT: the SFT adapter, not the base model; see `Reference`);
   - PAPO's rule (NPR) as a switch: rollouts the layout cannot lay out (stray tags, a block that
     breaks the schema, cut inside a block: `RewardResult.layout_ok`) are dropped *before* the
     advantages, so means and stds are over the kept rollouts only; a well-formed sequential
-    rollout is kept, as NPR's released code keeps it;
+    rollout is kept, as NPR's released code keeps it; a group left with one rollout is measured
+    against 0 (advantage r / batch std), as NPR's released code does; PAPO is on-policy, so a
+    stage that drops takes `updates = 1` (more is refused: it would bring a clipped ratio back);
   - gradient accumulation over micro-batches (a number of rows, or rows packed under a token
     budget), gradient-norm clipping, a non-finite step skipped;
   - under torchrun (distributed.py) each process samples and scores its share of the prompts,
@@ -54,13 +62,18 @@ from .rewards import response_text, score
 from .sampler import Rollout, SamplerSettings, sample
 
 
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")  # GRPOSettings.loss_agg, named as verl names them
+
+
 @dataclass
 class GRPOSettings:
     group_size: int = 8  # G: responses sampled per prompt; advantages are relative within a group
     drop_invalid: bool = False  # drop rollouts the layout cannot lay out (malformed, cut inside a block) before the advantages (PAPO)
     advantage: str = "zscore"  # "zscore" (r - mean) / (std + eps), "mean" (r - mean) or "batch" (PAPO)
-    updates: int = 1  # optimiser steps per rollout batch; 1 = on-policy, ratio = 1
-    clip: float = 0.2  # PPO clip range of the ratio (matters only when updates > 1)
+    updates: int = 1  # optimiser steps per rollout batch; 1 = on-policy, ratio = 1 (PAPO: 1 only)
+    clip: float = 0.2  # PPO clip range of the ratio, below (and above unless clip_high); matters only when updates > 1
+    clip_high: float | None = None  # upper clip range: a positive advantage's ratio held under 1 + this (clip-higher); None = clip
+    loss_agg: str = "token-mean"  # "token-mean" (every sampled token of the batch alike) or "seq-mean-token-mean" (each response alike)
     kl_beta: float = 0.0  # weight of the KL to the reference policy (0 = no reference)
     micro_batch: int = 8  # rows per forward/backward (gradient accumulation over them)
     micro_batch_tokens: int = 0  # instead: rows sorted by length, packed so that rows x longest row <= this (0 = off)
@@ -69,6 +82,19 @@ class GRPOSettings:
 
     def __post_init__(self):
         head_read_for(self.head_read, 0)  # a clear error now for an unknown read, not at the first update
+        if self.loss_agg not in LOSS_AGGREGATIONS:
+            raise NanoparError(f"unknown loss aggregation {self.loss_agg!r}: use {' or '.join(map(repr, LOSS_AGGREGATIONS))}")
+        # PAPO is on-policy (ratio 1, no clip); NPR's released code pins its ratio to 1 whatever its
+        # mini-batches (npr-rl/verl/workers/actor/dp_actor.py, update_policy: on_policy = True). A
+        # second update here would read pi_old from before the first and clip the ratio.
+        if self.drop_invalid and self.updates != 1:
+            raise NanoparError(f"PAPO (a stage that drops invalid rollouts) is on-policy, ratio 1 and no clip: "
+                               f"it needs --updates 1, not {self.updates}")
+
+    @property
+    def upper_clip(self) -> float:
+        """The ratio's upper clip range: `clip_high`, or `clip` when unset."""
+        return self.clip if self.clip_high is None else self.clip_high
 
     @classmethod
     def from_flags(cls, config, stage) -> "GRPOSettings":
@@ -136,9 +162,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
     """One advantage per response. rewards [N] (N = prompts x G, prompt-major), kept [N] bool -> [N]
 
     Only kept responses count (None: all): a group is its surviving members, so its mean and std
-    are theirs; a group left with one member has advantage 0 (nothing to compare it with); a
-    dropped response gets 0. "batch" divides by the std of every kept reward in the batch.
-    Stds are population stds (divide by n).
+    are theirs; a dropped response gets 0. "batch" divides by the std of every kept reward in the
+    batch, and a group left with one member is measured against 0 (advantage r / batch std), as
+    NPR's released PAPO does, unless every kept reward is equal (std 0: then 0, not r / eps);
+    "zscore" and "mean" give a lone member 0 (nothing to compare it with: Parallel-R1 never
+    drops, so its groups are whole). Stds are population stds (divide by n).
 
     >>> [round(a, 3) for a in group_advantages(torch.tensor([1., -1., 1., 1.]), 2).tolist()]
     [1.0, -1.0, 0.0, 0.0]
@@ -164,6 +192,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
         std = (centred.square().sum(-1, keepdim=True) / members).sqrt()  # [P, 1]
     else:  # batch
         std = batch_std(rewards[kept])  # []
+        # NPR's released PAPO gives a group of one the mean 0, so its advantage is r / batch std
+        # (npr-rl/verl/trainer/ppo/core_algos.py, compute_grpo_outcome_advantage). Its std there
+        # is torch.std (n - 1) taken inside the loop that overwrites the scores, so each response
+        # sees another std; nanopar takes the population std of the kept rewards once. A batch of
+        # equal rewards (std 0) would give r / eps, +-1e6 there: here its lone members get 0, as
+        # every other member of that batch does.
+        alone = (weight.sum(-1, keepdim=True) == 1) & (std > 0)  # [P, 1]
+        centred = torch.where(alone, groups * weight, centred)  # [P, G]
     return (centred / (std + eps)).flatten()
 
 
@@ -189,14 +225,24 @@ def rollout_batch(rollouts, pad_id: int, device="cpu") -> TokenBatch:
 
 
 def policy_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                total_tokens: float, clip: float, ref: torch.Tensor | None = None, kl_beta: float = 0.0):
-    """The GRPO loss of a micro-batch: new/old/ref [b, T-1] log-probs, advantages [b], mask [b, T-1]."""
+                total: float, clip: float, ref: torch.Tensor | None = None, kl_beta: float = 0.0,
+                clip_high: float | None = None, agg: str = "token-mean"):
+    """The GRPO loss of a micro-batch: new/old/ref [b, T-1] log-probs, advantages [b], mask [b, T-1].
+
+    `total` is what the whole batch's loss is divided by: its sampled tokens ("token-mean") or its
+    responses ("seq-mean-token-mean": each row first averaged over its own sampled tokens). The
+    ratio is clipped to [1 - clip, 1 + clip_high] (clip_high None: clip)."""
+    if agg not in LOSS_AGGREGATIONS:
+        raise NanoparError(f"unknown loss aggregation {agg!r}: use {' or '.join(map(repr, LOSS_AGGREGATIONS))}")
+    high = clip if clip_high is None else clip_high
     ratio = torch.exp(new - old)  # [b, T-1] exactly 1 on the first update
     A = advantages[:, None]  # [b, 1]
-    per_token = -torch.min(ratio * A, ratio.clamp(1 - clip, 1 + clip) * A)  # [b, T-1]
+    per_token = -torch.min(ratio * A, ratio.clamp(1 - clip, 1 + high) * A)  # [b, T-1]
     if ref is not None and kl_beta > 0:
         per_token = per_token + kl_beta * (torch.exp(ref - new) - (ref - new) - 1)  # k3 >= 0
-    return (per_token * mask).sum() / total_tokens
+    if agg == "seq-mean-token-mean":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / total  # [b] row means, summed
+    return (per_token * mask).sum() / total
 
 
 class Reference:
@@ -238,6 +284,10 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
     advantages = advantages.to(device)  # [N]
     # sampled tokens in the whole batch: of every process's under torchrun (one may hold none)
     total = distributed.all_reduce(batch.target_mask.sum(), "the count of the step's tokens").clamp(min=1)
+    divisor = total  # "token-mean": the loss is over the batch's sampled tokens
+    if settings.loss_agg == "seq-mean-token-mean":  # over the batch's responses, each its own token mean
+        divisor = distributed.all_reduce(torch.tensor(float(len(rollouts)), device=device),
+                                         "the count of the step's responses").clamp(min=1)
     groups = micro_batches(batch.lengths(), settings.micro_batch, settings.micro_batch_tokens)
     micros = [batch.rows(rows) for rows in groups]
     model.train()
@@ -256,8 +306,8 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
             new, entropy = trace_logprobs(model, micro, policy, with_entropy=True,  # [b, T-1] each
                                            head_read=settings.head_read)
             before = new.detach() if old is None else old[j]  # [b, T-1] pi_old
-            loss = policy_loss(new, before, advantages[rows], micro.target_mask, total, settings.clip,
-                               None if ref is None else ref[j], settings.kl_beta)
+            loss = policy_loss(new, before, advantages[rows], micro.target_mask, divisor, settings.clip,
+                               None if ref is None else ref[j], settings.kl_beta, settings.upper_clip, settings.loss_agg)
             loss.backward()
             loss_sum += loss.item()
             entropy_sum += (entropy * micro.target_mask).sum().item()

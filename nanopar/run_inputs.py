@@ -25,6 +25,7 @@ from .curriculum import Stage, TrainConfig, eval_sets, stage_folder
 from .data import Problem, load_problems, load_traces, split_slice
 from .format import check_parallel
 from .forward import head_read_for
+from .grpo import GRPOSettings
 from .policy import Policy
 from .prompts import build_prompt, instructions_named
 from .rewards import schedule_from_string
@@ -151,6 +152,10 @@ class RunInputs:
             Policy(None, stage.mode)  # a known attention mode
             if stage.kind == "grpo":
                 schedule_from_string(stage.reward)
+                try:  # the stage's GRPO settings (PAPO's single update, a known loss aggregation)
+                    GRPOSettings.from_flags(config, stage)
+                except NanoparError as error:
+                    raise NanoparError(f"{stage.name}: {error}") from None
         for stage in chosen:
             if stage.shipped and not (Path(stage.shipped) / "config.json").is_file():
                 raise NanoparError(f"--pretrained-base {stage.shipped}: not a model folder (no config.json); "

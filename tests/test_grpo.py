@@ -366,12 +366,16 @@ def test_a_runs_grpo_settings_are_its_flags_and_its_stage_never_grpo_settings_ow
     fields = set(GRPOSettings.__dataclass_fields__)
     assert fields <= {f.name for f in dataclasses.fields(TrainConfig)} | {f.name for f in dataclasses.fields(Stage)}
     config = train.resolved_config(["--updates", "2", "--clip", "0.3", "--kl-beta", "0.1", "--max-grad-norm", "0.5",
-                                    "--head-read", "plain"])[0]
+                                    "--head-read", "plain", "--clip-high", "0.28", "--loss-agg", "seq-mean-token-mean"])[0]
     rl_easy = next(s for s in recipe(config) if s.name == "rl-easy")
-    settings = GRPOSettings.from_flags(config, dataclasses.replace(rl_easy, drop_invalid=True, advantage="batch"))
+    settings = GRPOSettings.from_flags(config, dataclasses.replace(rl_easy, advantage="batch"))
     assert dataclasses.asdict(settings) == {
-        "group_size": 16, "drop_invalid": True, "advantage": "batch", "updates": 2, "clip": 0.3, "kl_beta": 0.1,
-        "micro_batch": 16, "micro_batch_tokens": 0, "max_grad_norm": 0.5, "head_read": "plain"}
+        "group_size": 16, "drop_invalid": False, "advantage": "batch", "updates": 2, "clip": 0.3, "clip_high": 0.28,
+        "loss_agg": "seq-mean-token-mean", "kl_beta": 0.1, "micro_batch": 16, "micro_batch_tokens": 0,
+        "max_grad_norm": 0.5, "head_read": "plain"}
+    # drop_invalid from the stage too (PAPO: with one update a batch, tests below)
+    papo = dataclasses.replace(rl_easy, drop_invalid=True)
+    assert GRPOSettings.from_flags(dataclasses.replace(config, updates=1), papo).drop_invalid
     assert (GRPOSettings().group_size, GRPOSettings().micro_batch) == (8, 8)
 
 
@@ -420,3 +424,111 @@ def test_a_step_with_nothing_to_learn_is_skipped(monkeypatch):
     _, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, SamplerSettings(),
                            GRPOSettings(group_size=2), "accuracy")
     assert not metrics["skipped_no_signal"] and metrics["loss"] is not None and forwards
+
+
+def varied_rollouts():
+    """Three rollouts of 2, 5 and 9 response tokens, the 5-token one with 2 inserted (not sampled):
+    3 sampled tokens, so sampled lengths 2, 3 and 9."""
+    from conftest import text_rollout
+
+    rollouts = [text_rollout([1, 2, 3], list(range(10, 10 + n)), TAGS) for n in (2, 5, 9)]
+    rollouts[1].sampled[1] = rollouts[1].sampled[3] = False
+    return rollouts
+
+
+@pytest.mark.parametrize("micro_batch", [1, 3])
+def test_the_loss_is_a_token_mean_or_a_mean_of_response_means(micro_batch, monkeypatch):
+    """On-policy every sampled token's loss is -A of its response (ratio 1). "token-mean" (nanopar's
+    default) divides the sum by the batch's 2 + 3 + 9 = 14 sampled tokens, so a long response
+    weighs more; "seq-mean-token-mean" (verl's name; NPR's released run) averages each response's
+    tokens first, then the 3 responses, so each weighs 1/3 whatever its length; whatever the
+    micro-batches."""
+    import nanopar.grpo
+
+    monkeypatch.setattr(nanopar.grpo, "apply_gradients", lambda *_: (0.0, False))
+    model, rollouts = tiny_qwen_model(vocab_size=V), varied_rollouts()
+    advantages = torch.tensor([1.5, -0.5, 0.25])
+    token = -(1.5 * 2 - 0.5 * 3 + 0.25 * 9) / 14
+    sequence = -(1.5 - 0.5 + 0.25) / 3
+    for agg, want in (("token-mean", token), ("seq-mean-token-mean", sequence)):
+        settings = GRPOSettings(micro_batch=micro_batch, loss_agg=agg)
+        metrics = grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), settings, PAD)
+        assert metrics["loss"] == pytest.approx(want, rel=1e-6), agg
+    for wrong in (lambda: GRPOSettings(loss_agg="seq-mean"), lambda: policy_loss(*[torch.zeros(1, 1)] * 2, advantages[:1],
+                                                                                torch.ones(1, 1), 1.0, 0.2, agg="seq-mean")):
+        with pytest.raises(NanoparError, match="unknown loss aggregation 'seq-mean'"):
+            wrong()
+
+
+def test_policy_loss_of_responses_of_different_lengths_in_each_aggregation():
+    """Off-policy ratios, clipped at 0.2, on a hand-built batch of 1, 3 and 2 tokens."""
+    g = torch.Generator().manual_seed(1)
+    new, old = (torch.randn(3, 4, generator=g) * 0.4 - 1 for _ in range(2))
+    adv = torch.tensor([2.0, -1.0, 0.5])
+    mask = torch.tensor([[0, 1, 0, 0], [1, 1, 1, 0], [0, 0, 1, 1]], dtype=torch.float)
+    per_row = [[], [], []]
+    for b in range(3):
+        for t in range(4):
+            if mask[b, t]:
+                r = float(torch.exp(new[b, t] - old[b, t]))
+                per_row[b].append(-min(r * adv[b].item(), min(max(r, 0.8), 1.2) * adv[b].item()))
+    token = sum(sum(row) for row in per_row) / 6
+    sequence = sum(sum(row) / len(row) for row in per_row) / 3
+    assert policy_loss(new, old, adv, mask, 6.0, 0.2).item() == pytest.approx(token, rel=1e-5)
+    assert policy_loss(new, old, adv, mask, 3.0, 0.2, agg="seq-mean-token-mean").item() == pytest.approx(sequence, rel=1e-5)
+
+
+def test_an_upper_clip_apart_from_the_lower_one():
+    """clip 0.2 below, 0.28 above (Parallel-R1's stage 2, DAPO's clip-higher): a positive advantage's
+    ratio is held under 1.28 (not 1.2), a negative one's above 0.8; each token's loss by hand."""
+    ratios = torch.tensor([[1.5, 1.25, 0.5, 0.75, 1.5]])
+    adv_of_token = [2.0, 1.0, -1.0, -1.0, -1.0]
+    # A = 2, r = 1.5: -min(3, 1.28 * 2) = -2.56    A = 1, r = 1.25: under 1.28, unclipped: -1.25
+    # A = -1, r = 0.5: -min(-0.5, -0.8) = 0.8       A = -1, r = 0.75: clipped at 0.8: 0.8
+    # A = -1, r = 1.5: -min(-1.5, -1.28) = 1.5 (the clip never lowers a negative advantage's loss)
+    want = [-2.56, -1.25, 0.8, 0.8, 1.5]
+    for t, (a, w) in enumerate(zip(adv_of_token, want)):
+        new, old = ratios[:, t:t + 1].log(), torch.zeros(1, 1)
+        got = policy_loss(new, old, torch.tensor([a]), torch.ones(1, 1), 1.0, 0.2, clip_high=0.28)
+        assert got.item() == pytest.approx(w, rel=1e-6), (t, a)
+    # the default: the upper clip is the lower one (1.25 with A = 1 clipped at 1.2)
+    assert policy_loss(ratios[:, 1:2].log(), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), 1.0,
+                       0.2).item() == pytest.approx(-1.2, rel=1e-6)
+    assert GRPOSettings().clip_high is None and GRPOSettings(clip=0.3).upper_clip == 0.3
+
+
+def test_a_papo_group_with_one_survivor_is_measured_against_zero():
+    """NPR's released PAPO (npr-rl/verl/trainer/ppo/core_algos.py, compute_grpo_outcome_advantage):
+    a group left with one response has mean 0, so its advantage is r / (batch std). Groups of 2:
+    [1, -1] whole, [-1, dropped], [1, dropped]; the kept batch [1, -1, -1, 1] has mean 0 and
+    population std 1."""
+    rewards = torch.tensor([1.0, -1.0, -1.0, 5.0, 1.0, 5.0])
+    kept = torch.tensor([True, True, True, False, True, False])
+    got = group_advantages(rewards, 2, "batch", kept)
+    assert got.tolist() == pytest.approx([1.0, -1.0, -1.0, 0.0, 1.0, 0.0], abs=1e-5)
+    # the kept batch [1, -1, 1]: mean 1/3, std sqrt((4/9 + 16/9 + 4/9) / 3) = sqrt(8/9)
+    kept = torch.tensor([True, True, False, False, True, False])
+    std = (8 / 9) ** 0.5
+    assert group_advantages(rewards, 2, "batch", kept).tolist() == pytest.approx(
+        [1 / std, -1 / std, 0.0, 0.0, 1 / std, 0.0], abs=1e-5)
+    # every kept reward equal (the toy's PAPO stage: -1 everywhere): std 0, and r / (0 + eps) would
+    # be -1e6 (NPR's code); nanopar's lone member gets 0, as every other member of such a batch
+    same = torch.tensor([-1.0, -1.0, -1.0, 5.0])
+    assert group_advantages(same, 2, "batch", torch.tensor([True, True, True, False])).tolist() == [0.0] * 4
+
+
+def test_papo_is_on_policy_so_more_than_one_update_is_refused(tmp_path):
+    """PAPO (NPR's parallel-rl: drop_invalid) takes one update per batch, ratio 1 and no clip;
+    --updates 2 would bring a clipped ratio back. Refused in one line, by a run before any model
+    loads, other stages left free."""
+    import train
+    from nanopar.runner import open_run
+
+    with pytest.raises(NanoparError, match=r"^PAPO .*on-policy.*--updates 1, not 2") as refused:
+        GRPOSettings(drop_invalid=True, updates=2)
+    assert "\n" not in str(refused.value)
+    assert GRPOSettings(updates=2).updates == 2  # a stage that drops nothing may go off-policy
+    config = train.resolved_config(["--recipe", "npr", "--updates", "2", "--out", str(tmp_path / "run")])[0]
+    with pytest.raises(NanoparError, match=r"parallel-rl: PAPO .*--updates 1, not 2"):
+        open_run(config)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == []  # no stage begun, nothing logged
