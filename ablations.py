@@ -38,8 +38,9 @@ Where it departs from the papers:
   13.6% (accuracy) and 63.0% (alternating) are its Parallel-R1-Unseen (S1) and (S2) results. The
   paper's numbers come from its math benchmarks (AIME, AMC, MATH); ours are the toy's held-out
   sets, the paper's beside our hard set.
-- Shared vs disjoint positions is not an ablation of either paper (Multiverse and NPR share
-  positions, the Parallel-R1 write-up gives each path its own); positions are learnt in SFT, so
+- Shared vs disjoint positions is not an ablation of either paper (Multiverse's, NPR's and
+  Parallel-R1's released code share positions, the Parallel-R1 write-up gives each path its
+  own); positions are learnt in SFT, so
   the disjoint arm has its own cold start (sft, rl-easy, rl-hard) from the same pretrained
   base. So have the Seen arms: SFT trains in the run's mode.
 What it leaves out: the NPR recipe, --baseline, --stages; a cold start distilled by the run
@@ -143,8 +144,8 @@ ABLATIONS = [  # the paper's numbers: Parallel-R1's, on its math benchmarks (AIM
              paper_kind="points", differences={"seen": "seen-no-rl-easy", "unseen": "unseen-no-rl-easy"}),
     Ablation("(c) shared vs disjoint path positions (Unseen)",
              (("shared (stride 0)", "unseen"), ("disjoint", "unseen-disjoint")),
-             "No paper number: neither paper ablates it (Multiverse and NPR share positions, the Parallel-R1 "
-             "write-up gives each path its own)"),
+             "No paper number: neither paper ablates it (Multiverse's, NPR's and Parallel-R1's released code "
+             "share positions, the Parallel-R1 write-up gives each path its own)"),
 ]
 
 ARM_FLAGS = ("stages", "skip", "mode", "path_stride", "hard_reward", "baseline")  # what the arms decide

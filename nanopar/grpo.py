@@ -8,7 +8,10 @@
     (r - group mean) / (std of the batch's rewards + eps) ("batch": PAPO's batch-level
     normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0;
   - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded:
-    the policy never drew them; NPR's code trains the inserted ones too), aggregated over the
+    the policy never drew them; both released codes train the inserted ones too: NPR's
+    tokenizes the finished text again, Parallel-R1's engine sets its response mask to 1 on every
+    token, its lines that would zero the inserted ones commented out, `append_tokens` in
+    verl/verl/parallel_thinking_generation_v3/parallel_thinking_loop_v3.py), aggregated over the
     whole rollout batch before it is cut into micro-batches (`loss_agg`): "token-mean" (the
     default) sums it and divides by the batch's sampled tokens, so every token weighs alike and
     a long response more than a short one; "seq-mean-token-mean" (verl's name) takes each
@@ -218,7 +221,8 @@ def batch_std(survivors: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_batch(rollouts, pad_id: int, device="cpu") -> TokenBatch:
-    """prompt + response rows; the loss weight is 1 on sampled tokens, 0 on inserted ones."""
+    """prompt + response rows; the loss weight is 1 on sampled tokens, 0 on inserted ones (the
+    released codes weigh inserted tags 1 too: the module docstring)."""
     return make_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
                       [[float(s) for s in r.sampled] for r in rollouts], pad_id, device,
                       recorded=[r.logprobs for r in rollouts])

@@ -7,8 +7,10 @@ never disagree about what a token saw:
   sibling; everything outside a block's paths sees everything before it. *Multiverse
   positions*, one rule (`path_start`, `after_block`, also the sampler's): path k of a block
   starts at start + k × stride, the token after the block continues after its furthest path.
-  Stride 0 (Multiverse, NPR) shares positions; stride ≥ the longest path (Parallel-R1's write-up)
-  gives each path a disjoint range.
+  Stride 0 shares positions, as Multiverse's, NPR's and Parallel-R1's released engines do
+  (Parallel-R1's moves every path back to the block's start, `append_tokens` in
+  verl/verl/parallel_thinking_generation_v3/parallel_thinking_loop_v3.py); stride ≥ the
+  longest path gives each path a disjoint range, as the Parallel-R1 write-up describes.
 - "causal" (Seen): the plain causal mask and ordinary positions (the stride plays no part).
 
     tokens          q  P  A1 A2 A3 B1 B2 /  s      (P = <Parallel>, A/B = paths, / = </Parallel>)

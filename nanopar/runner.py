@@ -39,7 +39,7 @@ from .checkpoint import copy_model_folder, latest_checkpoint, load_trainer_state
 from .config import save_config
 from .curriculum import Stage, TrainConfig, recipe, select, stage_folder, starting_stage
 from .data import write_jsonl
-from .distill import keep_traces, nothing_kept
+from .distill import BUDGET_CUTS, keep_traces, nothing_kept
 from .grpo import GRPOSettings, Reference, grpo_step
 from .heldout import HeldOut
 from .metrics import MetricsLog
@@ -214,14 +214,17 @@ class Runner:
         prompts = [self.inputs.prompt(problem, tokenizer, stage) for problem in problems]
         with progress(self.console) as bar:
             task = bar.add_task(stage.name, total=len(problems))
-            kept = keep_traces(model, tokenizer, policy, problems, prompts, SamplerSettings.from_flags(config),
-                               stop_ids(model, tokenizer), stage.tries, max(1, config.prompts_per_step), stage.keep,
-                               done=lambda seen, n: bar.update(task, completed=seen,
-                                                               description=f"{stage.name} kept {n}"))
-        fraction = len(kept) / len(problems)
+            distilled = keep_traces(model, tokenizer, policy, problems, prompts, SamplerSettings.from_flags(config),
+                                    stop_ids(model, tokenizer), stage.tries, max(1, config.prompts_per_step),
+                                    stage.keep, done=lambda seen, n: bar.update(task, completed=seen,
+                                                                                description=f"{stage.name} kept {n}"))
+        kept, fraction = distilled.records, len(distilled.records) / len(problems)
         self.log.write({"stage": stage.name, "event": "distill", "problems": len(problems), "kept": len(kept),
-                        "kept_fraction": fraction})
-        self.console.print(f"{stage.name}: kept {len(kept)} of {len(problems)} problems ({fraction:.1%})")
+                        "kept_fraction": fraction, "dropped_cut": distilled.dropped, "cuts": distilled.cuts})
+        cuts = ", ".join(f"{BUDGET_CUTS[name]}: {n}" for name, n in distilled.cuts.items() if n)
+        self.console.print(f"{stage.name}: kept {len(kept)} of {len(problems)} problems ({fraction:.1%}); dropped "
+                           f"{distilled.dropped} tries the filter kept that the sampler's budgets cut"
+                           + (f" ({cuts})" if cuts else ""))
         if not kept:
             raise NanoparError(nothing_kept(stage, len(problems), config.recipe))
         if distributed.is_main():  # every process holds them all (keep_traces gathers)

@@ -21,7 +21,7 @@ named helpers: it forks at </guideline>, one branch per plan (`branch_count`), a
 <step> and its label "k:" (`path_opening`), the merge feeds <takeaway> (`merge_tags`), and the
 plans are capped (`plan_bans`). Causal mode (Seen) is plain decoding: the model writes every tag
 itself, later paths see earlier ones as training reads them. Inserted tokens are marked not
-sampled: never trained on (NPR's code trains them). Not here: prompts (prompts.py), rewards, gradients.
+sampled: never trained on (NPR's and Parallel-R1's released codes train them: grpo.py). Not here: prompts (prompts.py), rewards, gradients.
 """
 
 from __future__ import annotations
@@ -395,7 +395,11 @@ class _Decoder:
 
     def plan_bans(self, response: _Response) -> list[int]:
         """NPR, in a guideline: a plan beyond `paths`, and </guideline> before the first plan (the
-        engine forks one branch per plan)."""
+        engine forks one branch per plan). Simpler than NPR's engine, which lets the model write
+        them and ends the response at a </guideline> after no plan or more than 5 (`check_finished`
+        in npr-rl/verl/workers/rollout/sglang_rollout/sglang/python/sglang/srt/managers/
+        schedule_batch.py): a ban, as `max_blocks` bans the block tag, spends no rollout on a
+        response a structural limit ended (docs/recipes.md, "Simplifications")."""
         if response.plans >= self.settings.paths:
             return [self.tags.plan_open]
         return [self.tags.plans_close] if response.plans == 0 else []

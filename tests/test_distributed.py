@@ -210,7 +210,8 @@ def distill_job() -> list[dict]:
     try:
         problems = toy_problems("toy:easy")[:7]
         return keep_traces(model, tokenizer, policy, problems, [build_prompt(p, tokenizer, "") for p in problems],
-                           SamplerSettings(max_new_tokens=120, seed=0), stop_ids(model, tokenizer), tries=2, chunk=2)
+                           SamplerSettings(max_new_tokens=120, seed=0), stop_ids(model, tokenizer), tries=2,
+                           chunk=2).records
     finally:
         nanopar.distill.keeps = real
 

@@ -41,7 +41,7 @@ def scripted_keep(monkeypatch, keep):
 
     monkeypatch.setattr(nanopar.distill, "sample", fake_sample)
     return keep_traces(model, tokenizer, policy, problems, [prompts[p.id] for p in problems], SamplerSettings(),
-                       eos, tries=2, chunk=2, keep=keep)
+                       eos, tries=2, chunk=2, keep=keep).records
 
 
 @pytest.mark.parametrize("keep", ["parallel", "structured"])
@@ -80,3 +80,81 @@ def test_the_npr_recipe_keeps_traces_from_the_shipped_base_with_the_real_sampler
     assert event["problems"] == 48 and event["kept_fraction"] >= KEPT_FLOOR, event
     kept = read_jsonl(run / "3-rejection" / "traces.jsonl")
     assert len(kept) == event["kept"] and all(check_structured(r["response"], NPR).ok for r in kept)
+
+
+# --- traces the sampler's budgets cut are not kept (distill.budget_cuts)
+
+LONG = TWO.replace("2:2*2=4", "2:4").replace("\n", "\nFinal Answer: 4")  # step 1 "1:2+2=4": 7 tokens after <step>
+SHORT = LONG.replace("1:2+2=4", "1:4")  # steps of 3 tokens
+
+
+def scripted_teacher(tokenizer, scripts: dict[str, str]):
+    """The toy model made to write `scripts[question]` (then EOS) by a +100 logit on each next
+    token, prompt by prompt (one lane per sampler call). Where the sampler inserts </step> in a
+    step the script has not finished, the script goes on after its own </step>: a teacher whose
+    step was cut and who carries on with the round. -> the model"""
+    model, _ = load_model(ModelSettings("toy:model"), NPR)
+    by_prompt = {tuple(tokenizer.encode(q + "\n")): tokenizer.encode(text) for q, text in scripts.items()}
+    close, eos = tokenizer.convert_tokens_to_ids("</step>"), tokenizer.eos_token_id
+    state = {}
+
+    def write(module, args, kwargs, out):
+        fed = kwargs["input_ids"][0].tolist()
+        if len(fed) > 1:  # the prefill: a new prompt
+            state["script"], state["at"] = by_prompt[tuple(fed)], 0
+        elif state["at"] < len(state["script"]) and fed[0] == state["script"][state["at"]]:
+            state["at"] += 1
+        elif fed[0] == close:  # inserted: skip the rest of the step
+            state["at"] = state["script"].index(close, state["at"]) + 1
+        script, at = state["script"], state["at"]
+        out.logits[:, -1, script[at] if at < len(script) else eos] += 100.0
+
+    model.register_forward_hook(write, with_kwargs=True)
+    return model
+
+
+def distil_scripted(scripts: dict[str, str], settings: SamplerSettings):
+    """keep_traces with the real sampler (causal, NPR's filter) over one problem per script, gold 4."""
+    _, tokenizer = load_model(ModelSettings("toy:model"), NPR)
+    model = scripted_teacher(tokenizer, scripts)
+    policy = Policy.for_tokenizer(tokenizer, "causal", schema=NPR)
+    problems = [Problem(q, q, "4") for q in scripts]
+    prompts = [tokenizer.encode(q + "\n") for q in scripts]
+    return model, tokenizer, policy, keep_traces(model, tokenizer, policy, problems, prompts, settings,
+                                                 stop_ids(model, tokenizer), tries=1, chunk=1, keep="structured")
+
+
+def test_a_trace_whose_step_the_path_budget_cut_is_not_kept():
+    """A teacher whose step 1 runs 7 tokens, sampled with --max-path-tokens 5: the sampler closes
+    the step after "1:2+2" and the teacher carries on, so the response is a correct, well-formed
+    round that NPR's filter keeps; it is dropped as cut. A teacher whose steps fit is kept."""
+    from nanopar.distill import keeps
+    from nanopar.rewards import response_text
+    from nanopar.sampler import sample
+
+    settings = SamplerSettings(max_path_tokens=5, seed=0)
+    model, tokenizer, policy, distilled = distil_scripted({"long": LONG, "short": SHORT}, settings)
+    # the cut, read from the sampler's own output: an inserted </step>, and the filter accepts it
+    (cut,) = sample(model, [tokenizer.encode("long\n")], policy, settings, stop_ids(model, tokenizer))
+    text = response_text(cut, tokenizer, stop_ids(model, tokenizer))
+    assert text == LONG.replace("1:2+2=4", "1:2+2")
+    close = tokenizer.convert_tokens_to_ids("</step>")
+    assert [s for t, s in zip(cut.ids, cut.sampled) if t == close] == [False, True]
+    assert keeps("structured", text, cut.trace, Problem("long", "long", "4"))
+    assert [r["response"] for r in distilled.records] == [SHORT]
+    assert distilled.dropped == 1 and distilled.cuts == {"path": 1, "blocks": 0, "plans": 0, "length": 0}
+
+
+@pytest.mark.parametrize("budget, cut", [({"max_blocks": 1}, "blocks"), ({"paths": 2}, "plans"),
+                                         ({"max_new_tokens": 36}, "length"), ({}, None)])
+def test_a_trace_a_budget_ban_or_the_response_budget_shaped_is_not_kept(budget, cut):
+    """The short teacher (one round of two plans, 36 tokens before EOS): with --max-blocks 1 the
+    block tag was banned after its round, with a plan cap of 2 a third plan after its second, and
+    with 36 new tokens the response ends before its EOS (the answer written): each is dropped;
+    at the default budgets it is kept."""
+    _, tokenizer = load_model(ModelSettings("toy:model"), NPR)
+    assert len(tokenizer.encode(SHORT)) == 36
+    *_, distilled = distil_scripted({"short": SHORT}, SamplerSettings(seed=0, **budget))
+    assert [r["response"] for r in distilled.records] == ([] if cut else [SHORT])
+    assert distilled.dropped == (1 if cut else 0)
+    assert {name for name, n in distilled.cuts.items() if n} == ({cut} if cut else set())

@@ -55,7 +55,7 @@ def test_inverse_cdf_draws_follow_the_distribution_and_skip_zero_probabilities()
 
 
 def test_path_stride_is_part_of_the_policy_and_must_not_be_negative(qwen_tokenizer):
-    assert Policy(TAGS).path_stride == 0  # by default paths share positions (Multiverse, NPR)
+    assert Policy(TAGS).path_stride == 0  # by default paths share positions (Multiverse's, NPR's, Parallel-R1's released code)
     assert Policy.for_tokenizer(qwen_tokenizer, "structured", 1.0, 258).path_stride == 258
     with pytest.raises(NanoparError) as error:
         Policy(TAGS, path_stride=-1)

@@ -18,6 +18,7 @@ from nanopar import NanoparError, toy
 from nanopar.checkpoint import latest_checkpoint, save_checkpoint
 from nanopar.curriculum import recipe
 from nanopar.data import read_jsonl
+from nanopar.distill import Distilled
 from nanopar.format import check_parallel
 from nanopar.model import ModelSettings, load_model
 from nanopar.results import evaluation_key
@@ -565,7 +566,7 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
 def test_an_npr_rejection_that_keeps_nothing_says_what_npr_needs(tmp_path, monkeypatch):
     """A model that never writes NPR's format (every try rejected): the run stops at the
     rejection stage with one line that says what NPR needs, and writes no traces file."""
-    monkeypatch.setattr(nanopar.runner, "keep_traces", lambda *args, **kwargs: [])
+    monkeypatch.setattr(nanopar.runner, "keep_traces", lambda *args, **kwargs: Distilled([], 0, {}))
     with pytest.raises(NanoparError) as error:
         train.main(["--out", str(tmp_path), "--recipe", "npr", *SMALL, "--rl-easy-steps", "1",
                     "--distill-problems", "4", "--eval-problems", "0"])
