@@ -68,6 +68,12 @@ from .sampler import Rollout, SamplerSettings, sample
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")  # GRPOSettings.loss_agg, named as verl names them
 
 
+def check_loss_agg(agg: str) -> None:
+    """A one-line error for a loss aggregation that is not one of `LOSS_AGGREGATIONS`."""
+    if agg not in LOSS_AGGREGATIONS:
+        raise NanoparError(f"unknown loss aggregation {agg!r}: use {' or '.join(map(repr, LOSS_AGGREGATIONS))}")
+
+
 @dataclass
 class GRPOSettings:
     group_size: int = 8  # G: responses sampled per prompt; advantages are relative within a group
@@ -85,8 +91,7 @@ class GRPOSettings:
 
     def __post_init__(self):
         head_read_for(self.head_read, 0)  # a clear error now for an unknown read, not at the first update
-        if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise NanoparError(f"unknown loss aggregation {self.loss_agg!r}: use {' or '.join(map(repr, LOSS_AGGREGATIONS))}")
+        check_loss_agg(self.loss_agg)
         # PAPO is on-policy (ratio 1, no clip); NPR's released code pins its ratio to 1 whatever its
         # mini-batches (npr-rl/verl/workers/actor/dp_actor.py, update_policy: on_policy = True). A
         # second update here would read pi_old from before the first and clip the ratio.
@@ -236,8 +241,7 @@ def policy_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, 
     `total` is what the whole batch's loss is divided by: its sampled tokens ("token-mean") or its
     responses ("seq-mean-token-mean": each row first averaged over its own sampled tokens). The
     ratio is clipped to [1 - clip, 1 + clip_high] (clip_high None: clip)."""
-    if agg not in LOSS_AGGREGATIONS:
-        raise NanoparError(f"unknown loss aggregation {agg!r}: use {' or '.join(map(repr, LOSS_AGGREGATIONS))}")
+    check_loss_agg(agg)
     high = clip if clip_high is None else clip_high
     ratio = torch.exp(new - old)  # [b, T-1] exactly 1 on the first update
     A = advantages[:, None]  # [b, 1]
