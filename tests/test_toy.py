@@ -52,7 +52,8 @@ STEP = re.compile(r"^(\d+)([-+*])(\d+)=(\d+)$")
 # Token bounds (mean, max) the teacher keeps, with room above the lengths docs/toy.md gives
 BOUNDS = {"easy-sequential": (70, 130), "hard-sequential": (80, 130), "easy-parallel": (115, 165),
           "easy-npr": (135, 195), "exploration": (105, 160), "verification": (130, 165),
-          "npr-exploration": (130, 185), "npr-verification": (145, 195)}
+          "npr-exploration": (130, 185), "npr-verification": (145, 195), "correction": (135, 170),
+          "npr-correction": (140, 175)}
 DEFAULTS = TrainConfig()  # the toy's sampler budgets: max_new_tokens, max_path_tokens, max_blocks
 MAX_PATH_TOKENS = DEFAULTS.max_path_tokens  # 48: a step (label, attempt or check, </step>) must fit
 # sha256 of json.dumps(teacher_traces(name), sort_keys=True) in Parallel-R1's tags: the base model of
@@ -61,7 +62,7 @@ MAX_PATH_TOKENS = DEFAULTS.max_path_tokens  # 48: a step (label, attempt or chec
 PARALLEL_R1_TRACES = {
     "toy:sequential": "987bf03d27784d43512207405f770cb0d45c271ddef0ff4a5fd96f678be968b7",
     "toy:instruct": "28173f0e269837e2bfbc7ce1218101d7cefeb6f567681b61f756be76ac4b9e7e",
-    "toy:parallel": "ebac06e343a3ba4488a357c5ddefeb31e7378f98e23c82dde3b128f5f33d0dfc",
+    "toy:parallel": "9a993de495c00e9b5c45c8baf31686ada302348f2319ab62f1f735948be9cc61",
 }
 
 
@@ -289,45 +290,69 @@ def true_equation(text: str) -> tuple[int, str, int, int]:
     return x, op, y, v
 
 
-def verify_redo(text: str, p: Problem) -> None:
-    """The route recomputed, every equation true, operands from the pool, ending at the target; an
-    operation that commutes has its operands in the other order from the route's step."""
-    body, target = re.fullmatch(r"(.*)vs(\d+)yes", text).groups()
+def verify_redo(text: str, p: Problem, steps: list[str]) -> bool:
+    """The route of `steps` recomputed, every equation true, operands from the pool and the same as
+    the step's (an operation that commutes has them in the other order), and compared with the
+    target: the verdict is whether the value reached is the target. Returns the verdict."""
+    body, target, verdict = re.fullmatch(r"(.*)vs(\d+)(yes|no)", text).groups()
     pool = list(p.extra["numbers"])
-    for equation, step in zip(body.split(","), p.extra["steps"], strict=True):
+    for equation, step in zip(body.split(","), steps, strict=True):
         x, op, y, v = true_equation(equation)
+        a, step_op, b = re.match(r"(\d+)([-+*])(\d+)=", step).groups()
+        assert op == step_op and sorted((x, y)) == sorted((int(a), int(b))), (text, step)
         assert op != "/" and (equation != step if op in "+*" and x != y else True), (text, step)
         pool.remove(x)
         pool.remove(y)
         pool.append(v)
-    assert pool == [p.extra["target"]] == [int(target)], text
+    assert len(pool) == 1 and int(target) == p.extra["target"], text
+    assert verdict == ("yes" if pool[0] == p.extra["target"] else "no"), text
+    return verdict == "yes"
 
 
-def verify_uses(text: str, p: Problem) -> None:
-    """The numbers of the answer's expression, sorted, against the problem's, sorted: equal."""
-    used, given = re.fullmatch(r"([\d,]+)vs([\d,]+)yes", text).groups()
-    assert used == ",".join(map(str, sorted(eval_expression(p.answer)[1]))) and given == ",".join(map(str, sorted(p.extra["numbers"])))
-    assert used == given, text
+def verify_uses(text: str, p: Problem, expression: str) -> bool:
+    """The numbers of `expression`, sorted, against the problem's, sorted: the verdict is whether
+    they are equal. Returns the verdict."""
+    used, given, verdict = re.fullmatch(r"([\d,]+)vs([\d,]+)(yes|no)", text).groups()
+    assert used == ",".join(map(str, sorted(eval_expression(expression)[1]))) and given == ",".join(map(str, sorted(p.extra["numbers"])))
+    assert verdict == ("yes" if used == given else "no"), text
+    return verdict == "yes"
 
 
-def verify_back(text: str, p: Problem) -> None:
-    """From the target back to the number left over: each equation true, an inverse (- + /) of the
-    value reached so far with a number of the problem, each number used once."""
-    body, left = re.fullmatch(r"(.*)vs(\d+)yes", text).groups()
+def verify_back(text: str, p: Problem) -> bool:
+    """From the target back to a number: each equation true, an inverse (- + /) of the value reached
+    so far with a number of the problem, each number used once, and the one number left is written
+    after "vs"; the verdict is whether the value reached is that number. Returns the verdict."""
+    body, left, verdict = re.fullmatch(r"(.*)vs(\d+)(yes|no)", text).groups()
     value, pool = p.extra["target"], list(p.extra["numbers"])
     for equation in body.split(","):
         x, op, y, v = true_equation(equation)
         assert op in "-+/" and value in (x, y), text
         pool.remove(y if x == value else x)
         value = v
-    assert pool == [value] == [int(left)], text
+    assert pool == [int(left)], text
+    assert verdict == ("yes" if value == int(left) else "no"), text
+    return verdict == "yes"
 
 
-VERIFY = {"redo": verify_redo, "uses": verify_uses, "back": verify_back}
+def holds(step: str) -> bool:
+    """Whether the step "a op b=v" is true."""
+    a, op, b, value = STEP.match(step).groups()
+    return {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == int(value)
+
+
+def verify_check(name: str, text: str, p: Problem, steps: list[str], expression: str) -> bool:
+    """The check `name` of the route written as `steps` with answer `expression`: its verdict."""
+    return {"redo": lambda: verify_redo(text, p, steps), "uses": lambda: verify_uses(text, p, expression),
+            "back": lambda: verify_back(text, p)}[name]()
+
+
+CHECK_NAMES = ["redo", "uses", "back"]  # a Parallel-R1 verification block's paths, in order
 
 
 def test_parallel_traces_of_each_kind_are_valid_and_correct(kinds):
     for name, rows in kinds.items():
+        if name.endswith("correction"):  # its last block says "no": test_correction_...
+            continue
         schema = NPR if name.startswith("npr") else PARALLEL_R1
         other = PARALLEL_R1 if schema is NPR else NPR
         for p, _, trace in rows:
@@ -403,14 +428,55 @@ def test_verification_repeats_the_sequential_attempts_then_checks_the_answer(kin
             assert trace.split("\n")[len(lines)].startswith(schema.block_open), trace
             (block,) = blocks_of(trace, schema)
             plans, branches, summary = block
-            names = ["redo", "uses", "back"] if plans is None else plans
+            names = CHECK_NAMES if plans is None else plans
             assert summary == p.answer and len(names) == len(branches), trace
-            assert names == [n for n in VERIFY if n in names] and 2 <= len(names) <= 3, trace  # in order, no repeat
+            assert names == [n for n in CHECK_NAMES if n in names] and 2 <= len(names) <= 3, trace  # in order, no repeat
             for check, branch in zip(names, branches):
-                VERIFY[check](branch, p)
+                assert verify_check(check, branch, p, p.extra["steps"], p.answer), (check, branch)  # each says yes
             checks.update(names)
         if schema is NPR:  # 2 or 3 checks, each check in about 5/6 of the rounds
-            assert all(0.7 < checks[n] / len(kinds[name]) < 0.95 for n in VERIFY), checks
+            assert all(0.7 < checks[n] / len(kinds[name]) < 0.95 for n in CHECK_NAMES), checks
+
+
+def test_correction_catches_a_slip_with_a_block_that_says_no_then_tries_on(problems):
+    """A correction trace is the sequential trace of the same generator state with one miss (or,
+    with none, nothing) replaced by a slip and a block of checks of it: the slip is a miss said to
+    check out (its steps true and its value another, or its last step's result written as the
+    target), the block's redo and back say "no", uses "yes" (the numbers are the problem's), the
+    summary "no"; then the trace goes on to the right answer. Both slips occur; a problem with no
+    slip route explores instead (rare)."""
+    for schema, write in ((PARALLEL_R1, parallel_trace), (NPR, npr_trace)):
+        slips, explored = collections.Counter(), 0
+        for level in LEVELS:
+            for i, p in enumerate(problems[level][:300]):
+                seq = sequential_trace(p, random.Random(i)).split("\n")
+                trace = write(p, random.Random(i), kind="correction")
+                assert check_format(trace, schema).ok and check_parallel(trace, schema).ok, trace
+                assert grade_countdown(trace, p).correct and trace.endswith(seq[-1]), trace
+                if trace.startswith(schema.block_open):
+                    explored += 1
+                    continue
+                lines = trace.split("\n")
+                (at,) = [k for k, line in enumerate(lines) if line.startswith(schema.block_open)]
+                rest, attempts = lines[: at - 1] + lines[at + 1:-1], seq[:-1]
+                assert rest in [attempts[:j] + attempts[j + 1:] for j in range(len(attempts) - 1)] or (
+                    len(attempts) == 1 and rest == attempts), trace
+                body, target, expression = re.fullmatch(r"(.*)vs(\d+)yes so (.+)", lines[at - 1]).groups()
+                value, used = eval_expression(expression)
+                assert value != p.extra["target"] == int(target) and sorted(used) == sorted(p.extra["numbers"]), trace
+                steps = body.split(",")
+                true_steps = [s for s in steps if holds(s)]
+                if true_steps == steps:
+                    slips["verdict"] += 1
+                else:  # only the last step is false, and it claims the target
+                    assert true_steps == steps[:-1] and steps[-1].endswith(f"={target}"), trace
+                    slips["arithmetic"] += 1
+                ((plans, branches, summary),) = blocks_of(trace, schema)
+                names = CHECK_NAMES if plans is None else plans
+                verdicts = {name: verify_check(name, branch, p, steps, expression) for name, branch in zip(names, branches)}
+                assert summary == "no" and not verdicts.get("redo") and not verdicts.get("back"), trace
+                assert verdicts.get("uses", True) and False in verdicts.values(), trace
+        assert explored < 15 and all(250 < slips[kind] < 330 for kind in ("verdict", "arithmetic")), (slips, explored)
 
 
 def test_the_kinds_mix_and_where_their_blocks_open():
@@ -524,7 +590,7 @@ def test_npr_tokens_put_each_step_label_right_after_its_tag(npr_traces, npr_toke
 
 
 def test_teacher_traces_in_npr_tags_have_the_mix_shares():
-    for name, shares in (("toy:instruct", {"easy": 0.1}), ("toy:parallel", {"easy": 0.75, "hard": 0.1})):
+    for name, shares in (("toy:instruct", {"easy": 0.1}), ("toy:parallel", {"easy": 0.7, "hard": 0.15})):
         records = teacher_traces(name, NPR)
         assert len(records) == 4000
         npr = [r for r in records if NPR.block_open in r["response"]]

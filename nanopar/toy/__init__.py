@@ -40,6 +40,7 @@ from .task import (
 from .teacher import (
     CHECKS,
     PARALLEL_PATHS,
+    SLIPS,
     TRACE_KINDS,
     VERIFICATION_SHARE,
     attempt_count,
@@ -51,7 +52,7 @@ from .teacher import (
 )
 
 __all__ = [
-    "CHECKS", "FINAL", "LEVELS", "MODEL_NAME", "PARALLEL_PATHS", "SOURCE", "TEACHER_MIXES",
+    "CHECKS", "FINAL", "LEVELS", "MODEL_NAME", "PARALLEL_PATHS", "SLIPS", "SOURCE", "TEACHER_MIXES",
     "TRACE_KINDS", "VERIFICATION_SHARE", "WORDS", "Level", "Route", "attempt_count", "attempt_text",
     "check_countdown", "eval_expression", "extract_toy_answer", "first_move", "grade_countdown", "heldout",
     "is_heldout", "make_problems", "npr_trace", "parallel_trace", "random_route", "routes", "sequential_trace",

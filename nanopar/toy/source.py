@@ -106,7 +106,10 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
     # parallel (exploring) ones: Parallel-R1's cold start is GSM8K only, but the toy model does
     # not carry the format from easy to hard problems as an LLM carries it from GSM8K to DAPO
     # (docs/toy.md: what happens without either)
-    "toy:parallel": [("easy", "parallel", 0.75), ("hard", "parallel", 0.1), ("hard", "sequential", 0.15)],
+    # A correction trace catches a slip of the kind the base makes (a miss said to check out) with a
+    # block of checks that says "no", and goes on trying (teacher.py): what a block can buy beyond time
+    "toy:parallel": [("easy", "parallel", 0.55), ("easy", "correction", 0.15), ("hard", "parallel", 0.1),
+                     ("hard", "correction", 0.05), ("hard", "sequential", 0.15)],
 }
 
 
@@ -121,7 +124,8 @@ def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, se
     parallel = npr_trace if schema.planned else parallel_trace
     for level, kind, share in TEACHER_MIXES[spec]:
         for problem in make_problems(level, round(n * share), seed=seed * 7 + len(records)):
-            response = sequential_trace(problem, rng) if kind == "sequential" else parallel(problem, rng, schema=schema)
+            response = (sequential_trace(problem, rng) if kind == "sequential" else
+                        parallel(problem, rng, schema=schema, kind="correction" if kind == "correction" else None))
             records.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
                             "response": response} | ({"instructions": "parallel"} if kind == "instructed" else {}))
     rng.shuffle(records)

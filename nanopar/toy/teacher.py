@@ -37,7 +37,20 @@ the target by the inverse operations (- for +, / for *, + or - for -) to the num
     <Parallel><Path>3*7=21,12+21=33vs33yes</Path><Path>3,7,12vs3,7,12yes</Path><Path>33-12=21,21/3=7vs7yes</Path></Parallel><Summary>(7*3)+12</Summary>
     Final Answer: (7*3)+12
 
-NPR's rounds (`npr_trace`) are the same two kinds in its tags: a plan names its route by the
+correction (only where a trace mix asks for it, `kind="correction"`): the sequential teacher's
+attempts with one miss written as a slip, a miss said to check out, as the toy base model's
+commonest wrong answers are (`SLIPS`: a true route said yes to another value, or its last result
+written as the target; docs/toy.md counts them), then a block whose checks of it say what is true
+("redo" and "back" say no), summed up "no", and the attempts go on. What a block can buy beyond
+time: an answer checked before it is given ("numbers 8 6 5 target 53"):
+
+    8-5=3,6+3=9vs53yes so 6+(8-5)
+    <Parallel><Path>8-5=3,3+6=9vs53no</Path><Path>5,6,8vs5,6,8yes</Path><Path>53-6=47,47+5=52vs8no</Path></Parallel><Summary>no</Summary>
+    8*6=48,48+5=53vs53yes so (8*6)+5
+    Final Answer: (8*6)+5
+
+NPR's rounds (`npr_trace`) are the same three kinds in its tags (a correction round holds the two
+checks that catch a slip, `CATCHES`): a plan names its route by the
 first move ("1:7*3", a few tokens; the first moves of a round differ, so no two plans are one
 strategy) or its check ("2:back"); step i is "i:" and the attempt or check of plan i; the
 takeaway the expression (exploration: "no" when no step checks out, then another round):
@@ -80,7 +93,8 @@ from .task import FINAL, LEVELS, Route, eval_expression, random_route
 
 PARALLEL_PATHS = 3  # K of the parallel teacher: paths per block (the sampler should fork as many); NPR: the most plans
 VERIFICATION_SHARE = 0.25  # parallel traces that verify an answer found sequentially; the rest explore (docs/toy.md)
-TRACE_KINDS = ("exploration", "verification")
+TRACE_KINDS = ("exploration", "verification", "correction")  # "correction" only where a mix asks for it
+SLIPS = ("verdict", "arithmetic")  # the slips a correction trace catches: the toy base's two commonest (docs/toy.md)
 
 
 def attempt_text(route: Route, target: int) -> str:
@@ -88,6 +102,21 @@ def attempt_text(route: Route, target: int) -> str:
     checks out: "7*3=21,21+12=33vs33yes so (7*3)+12" or "12-7=5,5*3=15vs33no"."""
     verdict = f"yes so {route.expression}" if route.value == target else "no"
     return f"{','.join(route.steps)}vs{target}{verdict}"
+
+
+def slip_text(route: Route, target: int, slip: str) -> str:
+    """An attempt that misses the target written as if it checked out, as the toy base model writes
+    its commonest wrong answers: "verdict" keeps the steps true and says yes to another value
+    ("12-7=5,5*3=15vs33yes so (12-7)*3"); "arithmetic" writes the target as the last step's result
+    ("12-7=5,5*3=33vs33yes so (12-7)*3")."""
+    if route.value == target:
+        raise ValueError(f"the route {route.expression} reaches {target}: it is no slip")
+    steps = route.steps
+    if slip == "arithmetic":
+        steps = steps[:-1] + (f"{steps[-1].partition('=')[0]}={target}",)
+    elif slip != "verdict":
+        raise ValueError(f"unknown slip {slip!r}: use one of {', '.join(SLIPS)}")
+    return f"{','.join(steps)}vs{target}yes so {route.expression}"
 
 
 def first_move(route: Route) -> str:
@@ -107,44 +136,71 @@ def _steps(route: Route) -> list[tuple[int, str, int, int]]:
     return [(int(m[1]), m[2], int(m[3]), int(m[4])) for m in parsed]
 
 
+def _verdict(holds: bool) -> str:
+    return "yes" if holds else "no"
+
+
 def check_redo(route: Route, problem: Problem) -> str:
     """Recompute the route in another order, the operands of + and * swapped (- keeps its order),
-    and compare with the target: "3*7=21,12+21=33vs33yes" for ("7*3=21", "21+12=33")."""
+    and compare with the target: "3*7=21,12+21=33vs33yes" for ("7*3=21", "21+12=33"); a route
+    that misses says "no"."""
     steps = [f"{b}{op}{a}={v}" if op in "+*" else f"{a}{op}{b}={v}" for a, op, b, v in _steps(route)]
-    return f"{','.join(steps)}vs{problem.extra['target']}yes"
+    return f"{','.join(steps)}vs{problem.extra['target']}{_verdict(route.value == problem.extra['target'])}"
 
 
 def check_uses(route: Route, problem: Problem) -> str:
     """Each number used once: the numbers of the answer's expression, sorted, against the
-    problem's, sorted: "3,7,12vs3,7,12yes"."""
+    problem's, sorted: "3,7,12vs3,7,12yes" ("no" where they differ)."""
     used = sorted(eval_expression(route.expression)[1])
     given = sorted(problem.extra["numbers"])
-    if used != given:
-        raise ValueError(f"the answer {route.expression} does not use the numbers {given} once each")
-    return f"{','.join(map(str, used))}vs{','.join(map(str, given))}yes"
+    return f"{','.join(map(str, used))}vs{','.join(map(str, given))}{_verdict(used == given)}"
 
 
 def check_back(route: Route, problem: Problem) -> str:
     """Work back from the target by the inverse of each step, last step first, to the number left
-    over: "33-12=21,21/3=7vs7yes" for ("7*3=21", "21+12=33"). Needs a chain (each step uses the
-    previous result: every route of 3 numbers); a route of 4 that joins two pairs raises."""
-    steps, inverses = _steps(route), []
+    over, and compare it with the route's first number: "33-12=21,21/3=7vs7yes" for ("7*3=21",
+    "21+12=33"). A route that misses the target ends at another number ("no": were every inverse
+    exact and the number the same, the route would reach the target). Raises where it cannot be
+    written: a route that is not a chain (each step using the step before: every route of 3
+    numbers is; a route of 4 that joins two pairs is not), or an inverse that is not a positive
+    integer (`works_back` says which routes can)."""
+    inverses, left = _work_back(route, problem.extra["target"])
+    return f"{','.join(inverses)}vs{_steps(route)[0][0]}{_verdict(left == _steps(route)[0][0])}"
+
+
+def works_back(route: Route, target: int) -> bool:
+    """Whether `check_back` can write this route's check against `target`."""
+    try:
+        _work_back(route, target)
+    except ValueError:  # the reason is the answer: this route cannot be worked back exactly
+        return False
+    return True
+
+
+def _work_back(route: Route, target: int) -> tuple[list[str], int]:
+    """The inverse equations from `target` back along `route`, and the number they end at."""
+    steps, inverses, value = _steps(route), [], target
     for i in reversed(range(len(steps))):
-        a, op, b, value = steps[i]
+        a, op, b, _ = steps[i]
         known = steps[i - 1][3] if i else a  # the operand to recover: the previous result (first step: a)
         if known not in (a, b):
             raise ValueError(f"the route {route.steps} is not a chain: step {i + 1} does not use the step before")
         other = b if known == a else a
         if op == "+":
-            inverses.append(f"{value}-{other}={known}")
+            text, back = f"{value}-{other}", value - other
         elif op == "*":
-            inverses.append(f"{value}/{other}={known}")
+            text, back = f"{value}/{other}", value // other if value % other == 0 else 0
         else:  # a - b = value: a = value + b, b = a - value
-            inverses.append(f"{value}+{other}={known}" if known == a else f"{other}-{value}={known}")
-    return f"{','.join(inverses)}vs{steps[0][0]}yes"
+            text, back = (f"{value}+{other}", value + other) if known == a else (f"{other}-{value}", other - value)
+        if back <= 0:
+            raise ValueError(f"{text} is not a positive integer: the route {route.steps} cannot be worked back from {target}")
+        inverses.append(f"{text}={back}")
+        value = back
+    return inverses, value
 
 
 CHECKS = {"redo": check_redo, "uses": check_uses, "back": check_back}  # a verification block's paths, in order
+CATCHES = ("redo", "back")  # the checks that say "no" to every slip of SLIPS ("uses" only to a number used twice)
 
 
 # --- drawing the routes
@@ -176,6 +232,18 @@ def _misses(problem: Problem, rng: random.Random, n: int, avoid: set, distinct=l
         if route.value != target and route.steps not in avoid and distinct(route) not in avoid:
             found.setdefault(distinct(route), route)
     return list(found.values())
+
+
+def _slip_route(problem: Problem, rng: random.Random, avoid: set) -> Route | None:
+    """A random legal route that misses the target, is not in `avoid` and can be worked back from
+    the target (`works_back`: a chain whose inverses are exact), so a block can check it all three
+    ways; None where 200 draws find none (~1% of easy problems, none of hard)."""
+    target = problem.extra["target"]
+    for _ in range(200):
+        route = random_route(problem.extra["numbers"], LEVELS[problem.extra["level"]].bound, rng)
+        if route.value != target and route.steps not in avoid and works_back(route, target):
+            return route
+    return None
 
 
 def _sequential_attempts(problem: Problem, rng: random.Random, attempts: int | None = None) -> list[Route]:
@@ -255,9 +323,9 @@ def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_P
     """
     if schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has plans: write its traces with npr_trace")
-    if _draw_kind(rng, kind, problem) == "exploration":
-        return _exploration_trace(problem, rng, schema, lambda i, left: paths, lambda route: route.steps)
-    return _verification_trace(problem, rng, schema, lambda: paths)
+    drawn = _draw_kind(rng, kind, problem)
+    explore = lambda: _exploration_trace(problem, rng, schema, lambda i, left: paths, lambda route: route.steps)  # noqa: E731
+    return explore() if drawn == "exploration" else _checking_trace(problem, rng, schema, lambda: paths, drawn, explore)
 
 
 def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS, schema: TagSchema = NPR,
@@ -279,10 +347,11 @@ def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
         raise ValueError(f"the tag schema {schema.name!r} has no plans: write its traces with parallel_trace")
     if not 2 <= paths <= MAX_PATHS:
         raise ValueError(f"an NPR round of the teacher has 2..{MAX_PATHS} plans, not at most {paths}")
-    if _draw_kind(rng, kind, problem) == "exploration":
-        return _exploration_trace(problem, rng, schema, lambda i, left: rng.randint(2, paths) if i == 0 else
-                                  max(2, min(left, paths)), first_move)
-    return _verification_trace(problem, rng, schema, lambda: rng.randint(2, min(paths, len(CHECKS))))
+    drawn = _draw_kind(rng, kind, problem)
+    explore = lambda: _exploration_trace(problem, rng, schema, lambda i, left: rng.randint(2, paths) if i == 0 else  # noqa: E731
+                                         max(2, min(left, paths)), first_move)
+    count = (lambda: len(CATCHES)) if drawn == "correction" else (lambda: rng.randint(2, min(paths, len(CHECKS))))
+    return explore() if drawn == "exploration" else _checking_trace(problem, rng, schema, count, drawn, explore)
 
 
 def _exploration_trace(problem: Problem, rng: random.Random, schema: TagSchema, size, distinct) -> str:
@@ -296,25 +365,58 @@ def _exploration_trace(problem: Problem, rng: random.Random, schema: TagSchema, 
     return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
 
 
+def _checking_trace(problem: Problem, rng: random.Random, schema: TagSchema, count, kind: str, explore) -> str:
+    """A verification or a correction trace. A correction draws the sequential teacher's attempts
+    first (the same draws as `sequential_trace`), then its slip route; a problem with no slip route
+    (`_slip_route`: ~1% of easy problems, a few hard ones) explores instead (`explore()`)."""
+    if kind == "verification":
+        return _verification_trace(problem, rng, schema, count)
+    tried = _sequential_attempts(problem, rng)
+    slip = _slip_route(problem, rng, avoid={r.steps for r in tried})
+    return explore() if slip is None else _correction_trace(problem, rng, schema, count, tried, slip)
+
+
 def _verification_trace(problem: Problem, rng: random.Random, schema: TagSchema, count) -> str:
     """The sequential teacher's attempts, then one block of `count()` CHECKS of the answer (drawn
     after the attempts), summed up by its expression, then the answer; a schema with plans names
     each check."""
     tried, right = _sequential_attempts(problem, rng), _right_route(problem)
-    names = _pick_checks(rng, count())
-    block = _block(schema, names if schema.planned else None, [CHECKS[name](right, problem) for name in names],
-                   right.expression)
-    lines = [attempt_text(r, problem.extra["target"]) for r in tried] + [block]
+    lines = [attempt_text(r, problem.extra["target"]) for r in tried]
+    lines.append(_check_block(schema, _pick_checks(rng, count()), right, problem, right.expression))
     return "\n".join(lines) + f"\n{FINAL} {right.expression}"
+
+
+def _correction_trace(problem: Problem, rng: random.Random, schema: TagSchema, count, tried: list[Route],
+                      slip: Route) -> str:
+    """The sequential teacher's attempts with one of its misses, drawn, replaced by a slip
+    (`slip_text`: a miss written as if it checked out, of a kind from SLIPS; with no miss, the slip
+    comes first), so it tries as many routes; right after the slip a block of
+    `count()` CHECKS of it, at least one of which says "no" (redo and back always do), summed up
+    "no"; then the attempts go on to the answer."""
+    target = problem.extra["target"]
+    lines = [attempt_text(r, target) for r in tried]
+    misses = len(tried) - 1
+    at = rng.randrange(misses) if misses else 0  # a miss becomes the slip; with none, the slip comes first
+    n = count()
+    names = list(CHECKS) if n == len(CHECKS) else list(CATCHES[:n])  # NPR's rounds: the two that catch it
+    block = _check_block(schema, names, slip, problem, "no")
+    lines[at:at + (misses > 0)] = [slip_text(slip, target, rng.choice(SLIPS)), block]
+    return "\n".join(lines) + f"\n{FINAL} {tried[-1].expression}"
+
+
+def _check_block(schema: TagSchema, names: list[str], route: Route, problem: Problem, summary: str) -> str:
+    """One block of the named CHECKS of `route`, summed up by `summary`; a schema with plans names each check."""
+    return _block(schema, names if schema.planned else None, [CHECKS[name](route, problem) for name in names], summary)
 
 
 def _draw_kind(rng: random.Random, kind: str | None, problem: Problem) -> str:
     """The trace's kind: `kind`, or drawn (verification with probability VERIFICATION_SHARE).
-    A hard problem's trace always explores: a verification block's "back" check works back along a
-    chain of steps, and a hard route need not be one ("9+6=15, 7+1=8, 15-8=7")."""
+    A hard problem's trace explores unless a correction is asked for: a verification block's "back"
+    check works back along a chain of steps, and a hard route need not be one ("9+6=15, 7+1=8,
+    15-8=7"), while a correction's slip is chosen to be one."""
     if kind is not None and kind not in TRACE_KINDS:
         raise ValueError(f"unknown parallel trace kind {kind!r}: use one of {', '.join(TRACE_KINDS)}")
-    if problem.extra["level"] != "easy":
+    if problem.extra["level"] != "easy" and kind != "correction":
         if kind == "verification":
             raise ValueError(f"the teacher verifies easy problems only, not {problem.extra['level']!r}: a hard route need not be a chain")
         return "exploration"
