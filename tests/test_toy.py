@@ -443,8 +443,9 @@ def test_correction_catches_a_slip_with_a_block_that_says_no_then_tries_on(probl
     with none, nothing) replaced by a slip and a block of checks of it: the slip is a miss said to
     check out (its steps true and its value another, or its last step's result written as the
     target), the block's redo and back say "no", uses "yes" (the numbers are the problem's), the
-    summary "no"; then the trace goes on to the right answer. Both slips occur; a problem with no
-    slip route explores instead (rare)."""
+    summary "no"; then the trace goes on to the right answer, which on an easy problem a second
+    block checks (each check saying yes). Both slips occur; a problem with no slip route explores
+    instead (rare)."""
     for schema, write in ((PARALLEL_R1, parallel_trace), (NPR, npr_trace)):
         slips, explored = collections.Counter(), 0
         for level in LEVELS:
@@ -457,8 +458,9 @@ def test_correction_catches_a_slip_with_a_block_that_says_no_then_tries_on(probl
                     explored += 1
                     continue
                 lines = trace.split("\n")
-                (at,) = [k for k, line in enumerate(lines) if line.startswith(schema.block_open)]
-                rest, attempts = lines[: at - 1] + lines[at + 1:-1], seq[:-1]
+                at, *confirm = [k for k, line in enumerate(lines) if line.startswith(schema.block_open)]
+                assert confirm == ([len(lines) - 2] if level == "easy" else []), trace  # easy: the answer checked too
+                rest, attempts = lines[: at - 1] + lines[at + 1:len(lines) - 1 - len(confirm)], seq[:-1]
                 assert rest in [attempts[:j] + attempts[j + 1:] for j in range(len(attempts) - 1)] or (
                     len(attempts) == 1 and rest == attempts), trace
                 body, target, expression = re.fullmatch(r"(.*)vs(\d+)yes so (.+)", lines[at - 1]).groups()
@@ -471,11 +473,16 @@ def test_correction_catches_a_slip_with_a_block_that_says_no_then_tries_on(probl
                 else:  # only the last step is false, and it claims the target
                     assert true_steps == steps[:-1] and steps[-1].endswith(f"={target}"), trace
                     slips["arithmetic"] += 1
-                ((plans, branches, summary),) = blocks_of(trace, schema)
+                (plans, branches, summary), *confirmed = blocks_of(trace, schema)
                 names = CHECK_NAMES if plans is None else plans
                 verdicts = {name: verify_check(name, branch, p, steps, expression) for name, branch in zip(names, branches)}
                 assert summary == "no" and not verdicts.get("redo") and not verdicts.get("back"), trace
                 assert verdicts.get("uses", True) and False in verdicts.values(), trace
+                for plans, branches, summary in confirmed:  # every check of the right answer says yes
+                    names = CHECK_NAMES if plans is None else plans
+                    assert summary == p.answer and len(names) == len(branches) >= 2, trace
+                    assert all(verify_check(name, branch, p, p.extra["steps"], p.answer)
+                               for name, branch in zip(names, branches)), trace
         assert explored < 15 and all(250 < slips[kind] < 330 for kind in ("verdict", "arithmetic")), (slips, explored)
 
 

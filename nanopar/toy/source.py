@@ -25,7 +25,7 @@ from ..data import Problem, Source
 from ..tags import PARALLEL_R1, TagSchema, add_tag_tokens
 from ..tiny import tiny_qwen_config, word_tokenizer
 from .task import FINAL, LEVELS, heldout, make_problems
-from .teacher import npr_trace, parallel_trace, sequential_trace
+from .teacher import TRACE_KINDS, npr_trace, parallel_trace, sequential_trace
 
 
 # --------------------------------------------------------------------------- tokenizer and model
@@ -108,8 +108,8 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
     # (docs/toy.md: what happens without either)
     # A correction trace catches a slip of the kind the base makes (a miss said to check out) with a
     # block of checks that says "no", and goes on trying (teacher.py): what a block can buy beyond time
-    "toy:parallel": [("easy", "parallel", 0.55), ("easy", "correction", 0.15), ("hard", "parallel", 0.1),
-                     ("hard", "correction", 0.05), ("hard", "sequential", 0.15)],
+    "toy:parallel": [("easy", "parallel", 0.45), ("easy", "verification", 0.1), ("easy", "correction", 0.15),
+                     ("hard", "parallel", 0.1), ("hard", "correction", 0.05), ("hard", "sequential", 0.15)],
 }
 
 
@@ -125,7 +125,7 @@ def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, se
     for level, kind, share in TEACHER_MIXES[spec]:
         for problem in make_problems(level, round(n * share), seed=seed * 7 + len(records)):
             response = (sequential_trace(problem, rng) if kind == "sequential" else
-                        parallel(problem, rng, schema=schema, kind="correction" if kind == "correction" else None))
+                        parallel(problem, rng, schema=schema, kind=kind if kind in TRACE_KINDS else None))
             records.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
                             "response": response} | ({"instructions": "parallel"} if kind == "instructed" else {}))
     rng.shuffle(records)

@@ -401,7 +401,10 @@ def _correction_trace(problem: Problem, rng: random.Random, schema: TagSchema, c
     names = list(CHECKS) if n == len(CHECKS) else list(CATCHES[:n])  # NPR's rounds: the two that catch it
     block = _check_block(schema, names, slip, problem, "no")
     lines[at:at + (misses > 0)] = [slip_text(slip, target, rng.choice(SLIPS)), block]
-    return "\n".join(lines) + f"\n{FINAL} {tried[-1].expression}"
+    right = tried[-1]
+    if problem.extra["level"] == "easy":  # the answer is checked too, as a verification trace checks it
+        lines.append(_check_block(schema, _pick_checks(rng, n), right, problem, right.expression))
+    return "\n".join(lines) + f"\n{FINAL} {right.expression}"
 
 
 def _check_block(schema: TagSchema, names: list[str], route: Route, problem: Problem, summary: str) -> str:
