@@ -18,6 +18,7 @@ import json
 import re
 import sys
 from collections import Counter
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -81,8 +82,8 @@ def main(paths: list[str]) -> None:
             counts[path] = endings([json.loads(line) for line in f if line.strip()])
     table = Table(title="how the responses end (share of all responses)")
     table.add_column("ending")
-    for path in paths:
-        table.add_column(path, justify="right")
+    for path in paths:  # eval.py's samples.jsonl is named by its folder
+        table.add_column(Path(path).parent.name if Path(path).name == "samples.jsonl" else path, justify="right")
     kinds = sorted({k for c in counts.values() for k in c}, key=lambda k: -sum(c[k] for c in counts.values()))
     for kind in kinds:
         table.add_row(kind, *(f"{100 * counts[p][kind] / sum(counts[p].values()):.1f}%" for p in paths))
