@@ -311,20 +311,26 @@ def sequential_trace(problem: Problem, rng: random.Random, attempts: int | None 
 
 def parallel_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
                    schema: TagSchema = PARALLEL_R1, kind: str | None = None) -> str:
-    """A parallel trace in Parallel-R1's shape, blocks of K = `paths` paths, of `kind` ("exploration"
-    or "verification"; None: drawn, verification with probability VERIFICATION_SHARE):
+    """A parallel trace in Parallel-R1's shape, blocks of K = `paths` paths, of `kind` ("exploration",
+    "verification" or "correction"; None: drawn, verification with probability VERIFICATION_SHARE,
+    else exploration):
 
     exploration  blocks of K routes until they hold `attempt_count` attempts; a block with no route
                  that checks out is summarised "no", the last one by the expression of the one that does
     verification the sequential teacher's attempts, then one block of K `CHECKS` of the answer
                  (K <= 3), summarised by the expression
+    correction   the sequential teacher's attempts with a miss written as a slip, right after it a
+                 block of K `CHECKS` of the slip summarised "no" (`_correction_trace`)
 
-    then the answer. A hard problem's trace explores (`_draw_kind`). A schema with plans: `npr_trace`.
+    then the answer. A hard problem's trace explores unless a correction is asked for (`_draw_kind`).
+    A schema with plans: `npr_trace`.
     """
     if schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has plans: write its traces with npr_trace")
     drawn = _draw_kind(rng, kind, problem)
-    explore = lambda: _exploration_trace(problem, rng, schema, lambda i, left: paths, lambda route: route.steps)  # noqa: E731
+
+    def explore() -> str:
+        return _exploration_trace(problem, rng, schema, lambda i, left: paths, lambda route: route.steps)
     return explore() if drawn == "exploration" else _checking_trace(problem, rng, schema, lambda: paths, drawn, explore)
 
 
@@ -340,16 +346,19 @@ def npr_trace(problem: Problem, rng: random.Random, paths: int = PARALLEL_PATHS,
                  expression of the route that checks out
     verification the sequential teacher's attempts, then one round of 2..min(K, 3) `CHECKS`: plan i
                  "i:" and the check's name, step i "i:" and the check; the takeaway the expression
+    correction   as `parallel_trace`'s, its round of the two `CATCHES`
 
-    then the answer. A hard problem's trace explores (`_draw_kind`).
+    then the answer. A hard problem's trace explores unless a correction is asked for (`_draw_kind`).
     """
     if not schema.planned:
         raise ValueError(f"the tag schema {schema.name!r} has no plans: write its traces with parallel_trace")
     if not 2 <= paths <= MAX_PATHS:
         raise ValueError(f"an NPR round of the teacher has 2..{MAX_PATHS} plans, not at most {paths}")
     drawn = _draw_kind(rng, kind, problem)
-    explore = lambda: _exploration_trace(problem, rng, schema, lambda i, left: rng.randint(2, paths) if i == 0 else  # noqa: E731
-                                         max(2, min(left, paths)), first_move)
+
+    def explore() -> str:
+        return _exploration_trace(problem, rng, schema, lambda i, left: rng.randint(2, paths) if i == 0 else
+                                  max(2, min(left, paths)), first_move)
     count = (lambda: len(CATCHES)) if drawn == "correction" else (lambda: rng.randint(2, min(paths, len(CHECKS))))
     return explore() if drawn == "exploration" else _checking_trace(problem, rng, schema, count, drawn, explore)
 
