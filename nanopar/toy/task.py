@@ -3,8 +3,8 @@
     question  "numbers 3 7 12 target 33"          answer  "(7*3)+12"
 
 Levels: easy, 3 numbers (the GSM8K analogue), hard, 4 (the DAPO analogue); numbers 1..9, every
-intermediate result a positive integer <= 100. Trying several routes side by side genuinely helps:
-about 11% of an easy problem's legal routes reach its target, 4% of a hard one's. Here: the
+intermediate result a positive integer <= 100. Trying several routes helps, side by side or in a
+row: about 11% of an easy problem's legal routes reach its target, 4% of a hard one's. Here: the
 routes, seeded problems and the fixed held-out split (by checksum), `eval_expression` (a small
 parser, never `eval`) and the exact checker (`grade_countdown`, grading.CHECKERS["countdown"]).
 
