@@ -31,7 +31,7 @@ RECIPES = ("parallel-r1", "npr")
 class Stage:
     name: str  # folder under the run, also what --stages selects
     kind: str  # "distill" (write traces), "sft" or "grpo"; "given": the configured --model, evaluated only
-    data: str  # problems: benchmark name, .jsonl path, hub name, or toy:easy / toy:hard
+    data: str  # problems: benchmark name, .jsonl path, hub name, toy:easy / toy:hard, or a mix "toy:easy+toy:hard"
     steps: int = 0  # optimiser steps (sft, grpo)
     reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2", "alternating-strict:10:2")
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
@@ -77,8 +77,8 @@ class TrainConfig(ScriptConfig):
     # the data
     pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct), "" = none
     pretrained_base: str = "auto"  # the pretrain stage's model, copied instead of trained: "auto" = the one the toy ships for the recipe (nanopar/toy/bases/) unless a --pretrain-* flag is given, "" = pretrain here, or a folder
-    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
-    hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
+    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy, or a mix "toy:easy+toy:hard" (interleaved)
+    hard_data: str = "toy:hard"  # hard problems (stage 2 RL); a mix too
     sft_data: str = "toy:parallel"  # ready cold-start traces (name or .jsonl: question, answer, response); "" = distilled by --teacher or the model; "auto" = Parallel-R1's shipped parallel-gsm8k, "" with --teacher or under NPR
     teacher: str = ""  # strong model writing cold-start-data (hub id, folder, checkpoint, tiny:*; "" = its input); not NPR's rejection: self-distilled
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)

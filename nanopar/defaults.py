@@ -28,7 +28,7 @@ import torch
 from . import NanoparError
 from .checkpoint import trained_with
 from .config import flags_given
-from .data import load_problems, source_for, heldout_set_of
+from .data import heldout_set_of, load_problems, mix_parts, source_for
 from .model import cpu_bf16_instructions, is_built
 from .run_folder import default_out
 
@@ -163,9 +163,11 @@ def auto_eval_sets(config) -> list[str]:
     """What --eval-data auto stands for: the held-out set that goes with the run's easy and hard
     data (`data.heldout_set_of`: "toy:easy" -> "toy:easy:heldout", gsm8k_train -> gsm8k), else the
     set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"), which the run
-    leaves out of training (`run_inputs.RunInputs.problems`). Never a problem the run trains on."""
+    leaves out of training (`run_inputs.RunInputs.problems`); a mix's ("toy:easy+toy:hard"), each of
+    its parts' (a set named twice is evaluated once). Never a problem the run trains on."""
     sets = []
-    for spec in dict.fromkeys(s for s in (config.easy_data, config.hard_data) if s and config.eval_problems):
+    named = [part for s in (config.easy_data, config.hard_data) if s and config.eval_problems for part in mix_parts(s)]
+    for spec in dict.fromkeys(named):
         heldout_set = heldout_set_of(spec)
         if heldout_set is not None:
             sets.append(heldout_set)
