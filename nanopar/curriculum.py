@@ -31,7 +31,7 @@ RECIPES = ("parallel-r1", "npr")
 class Stage:
     name: str  # folder under the run, also what --stages selects
     kind: str  # "distill" (write traces), "sft" or "grpo"; "given": the configured --model, evaluated only
-    data: str  # problems: benchmark name, .jsonl path, hub name, or toy:easy / toy:hard
+    data: str  # problems: benchmark name, .jsonl path, hub name, toy:easy / toy:hard, or a mix "toy:easy+toy:hard"
     steps: int = 0  # optimiser steps (sft, grpo)
     reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2", "alternating-strict:10:2")
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
@@ -77,8 +77,8 @@ class TrainConfig(ScriptConfig):
     # the data
     pretrain_data: str = "auto"  # traces to pretrain a base on first: "auto" = the data source's base for the recipe (toy: toy:sequential, NPR toy:instruct), "" = none
     pretrained_base: str = "auto"  # the pretrain stage's model, copied instead of trained: "auto" = the one the toy ships for the recipe (nanopar/toy/bases/) unless a --pretrain-* flag is given, "" = pretrain here, or a folder
-    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy
-    hard_data: str = "toy:hard"  # hard problems (stage 2 RL)
+    easy_data: str = "toy:easy"  # easy problems (cold start, stage 1 RL): name, .jsonl, hub id, toy:easy, or a mix "toy:easy+toy:hard" (interleaved)
+    hard_data: str = "toy:hard"  # hard problems (stage 2 RL); a mix too; NPR's PAPO unless given: the mix of --easy-data and this (NPR trains on one mixed set)
     sft_data: str = "toy:parallel"  # ready cold-start traces (name or .jsonl: question, answer, response); "" = distilled by --teacher or the model; "auto" = Parallel-R1's shipped parallel-gsm8k, "" with --teacher or under NPR
     teacher: str = ""  # strong model writing cold-start-data (hub id, folder, checkpoint, tiny:*; "" = its input); not NPR's rejection: self-distilled
     question_field: str = ""  # field of the question in .jsonl / hub records ("" = question/problem/prompt)
@@ -99,7 +99,7 @@ class TrainConfig(ScriptConfig):
     format_rl_reward: str = "npr_format"  # reward or schedule of NPR's format-rl (stage 1): "npr_format" (its write-up: format and correctness) or "accuracy" (NPR-Zero's released reward, npr-zero/verl/utils/reward_score/math_dapo.py)
     baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
-    distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all)
+    distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all); NPR on the toy unless given: 2048
     # held-out evaluation after every training stage (the final table)
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto" = the held-out sets of --easy-data and --hard-data
     eval_problems: int = 256  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560 (256: four sampler calls of --eval-batch 64)
@@ -154,7 +154,8 @@ def recipe(config: TrainConfig) -> list[Stage]:
         # NPR prompts with its format at every stage; the parallel mask and positions arrive with
         # the parallel SFT (stages 1 and 2 sample and train causally, like the instruct model)
         npr = partial(stage, instructions="parallel")
-        # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stages 1-2, hard in 3 (NPR: all ORZ).
+        # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stages 1-2, in 3 easy and hard
+        # mixed (--hard-data resolved so, defaults.py; NPR: all three on ORZ, one mixed set).
         # Stage 1 pays --format-rl-reward: npr_format by default, as NPR's write-up describes it; NPR-Zero's
         # released code pays accuracy (docs/recipes.md)
         stages = base + [

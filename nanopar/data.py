@@ -5,6 +5,7 @@
     load_problems("openai/gsm8k:main", split="test")   # a hub data set (owner/name[:config])
     load_problems("toy:easy")                     # a registered source (here the toy world)
     load_problems("data/my_set.jsonl[-100:]")      # any of them sliced (Python's syntax): the last 100
+    load_problems("toy:easy+toy:hard")            # a mix: the sets' problems interleaved, one of each in turn
     load_traces("toy:parallel") / load_traces("traces.jsonl")   # question/answer/response records
     load_traces("parallel-gsm8k")                 # a shipped set of traces (Parallel-R1's cold start)
 
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import json
 import os
 import re
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -73,7 +76,12 @@ def register_source(prefix: str, source: Source | str) -> None:
 
 
 def source_for(spec: str) -> Source | None:
-    """The registered source of a spec's prefix ("toy:easy" -> the toy world's), else None."""
+    """The registered source of a spec's prefix ("toy:easy" -> the toy world's), else None; of a
+    mix ("toy:easy+toy:hard"), the one source of all its parts, else None."""
+    parts = mix_parts(spec)
+    if len(parts) > 1:
+        sources = [source_for(part) for part in parts]
+        return sources[0] if all(s is sources[0] for s in sources) else None
     prefix, colon, _ = spec.partition(":")
     if not colon or prefix not in SOURCES:
         return None
@@ -127,6 +135,7 @@ def heldout_set_of(spec: str) -> str | None:
         return (source.heldout_sets or {}).get(spec)
     return TEST_SETS.get(spec)
 
+MIX = "+"  # "a+b": a mix of data sets (`mix_parts`)
 SLICE = re.compile(r"^(.+)\[(-?\d+)?:(-?\d+)?\]$")  # "spec[start:stop]": a slice of a data set's problems
 QUESTION_FIELDS = ("question", "problem", "prompt")  # tried in this order when none is named
 ANSWER_FIELD = "answer"
@@ -143,7 +152,9 @@ def load_problems(
     split: str = "train",
 ) -> list[Problem]:
     """Problems from a registered source ("toy:easy"), a shipped benchmark name, a .jsonl / .txt
-    file, or a hub data set; any of them sliced by a suffix "[start:stop]" (e.g. "[-100:]").
+    file, or a hub data set; any of them sliced by a suffix "[start:stop]" (e.g. "[-100:]"); or a
+    mix of them, "a+b" (`mix_parts`): their problems interleaved one by one, a, b, a, b, ..., the
+    longer set's rest after the shorter ends, so that any first N problems hold each set alike.
 
     `question_field` / `answer_field` name the record fields (defaults above; `answer_field=""`:
     records without answers, e.g. prompts to sample); `limit` keeps the first N problems; `split`
@@ -156,6 +167,14 @@ def load_problems(
     """
     if limit is not None and limit < 0:
         raise NanoparError(f"limit must be >= 0, not {limit}")
+    parts = mix_parts(spec)
+    if len(parts) > 1:
+        sets = [load_problems(part, question_field, answer_field, None, split) for part in parts]
+        mixed = [p for turn in itertools.zip_longest(*sets) for p in turn if p is not None]
+        ids = Counter(p.id for p in mixed)
+        if (twice := next((i for i, n in ids.items() if n > 1), None)) is not None:
+            raise NanoparError(f"{spec}: the problem {twice} is in two parts of the mix")
+        return mixed[:limit]
     name, part = split_slice(spec)
     if part is not None:  # the whole set, then the slice, then the limit
         return load_problems(name, question_field, answer_field, None, split)[part][:limit]
@@ -265,6 +284,21 @@ def _shipped(name: str) -> tuple[Path, Iterable[tuple[int, dict]]]:
     if part is None:
         return path, _numbered_jsonl(path)
     return path, list(_numbered_jsonl(path))[part]
+
+
+def mix_parts(spec: str) -> list[str]:
+    """The data sets a mix names: "toy:easy+toy:hard" -> ["toy:easy", "toy:hard"]; any other spec
+    (an existing file whose name holds "+" too) -> [spec]. An empty part is a one-line error.
+
+    >>> mix_parts("toy:easy+toy:hard[:100]"), mix_parts("aime24")
+    (['toy:easy', 'toy:hard[:100]'], ['aime24'])
+    """
+    if MIX not in spec or Path(spec).is_file():
+        return [spec]
+    parts = [part.strip() for part in spec.split(MIX)]
+    if not all(parts):
+        raise NanoparError(f"bad data mix {spec!r}: write data sets joined by '{MIX}', e.g. toy:easy+toy:hard")
+    return parts
 
 
 def split_slice(spec: str) -> tuple[str, slice | None]:

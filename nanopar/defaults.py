@@ -12,6 +12,8 @@ The dataclass defaults are the toy world's (a laptop runs the whole curriculum i
        "" schema, 0 distil tries;
        eval.py and sample.py take a checkpoint's schema, attention mode, path stride and prompt
     4. the schema's: NPR's plan cap (--paths) is its engine's, 5, not Parallel-R1's K
+    5. NPR's data, where not given: its PAPO stage reads easy and hard problems mixed, and on the
+       toy its rejection samples NPR_TOY_REJECTION problems
 
 and returns what it changed, which the scripts print and save. Not here: the flags themselves
 (config.py), which stages run (curriculum.py).
@@ -28,7 +30,7 @@ import torch
 from . import NanoparError
 from .checkpoint import trained_with
 from .config import flags_given
-from .data import load_problems, source_for, heldout_set_of
+from .data import MIX, heldout_set_of, load_problems, mix_parts, source_for
 from .model import cpu_bf16_instructions, is_built
 from .run_folder import default_out
 
@@ -65,6 +67,10 @@ DISTILL_TRIES = {"parallel-r1": 1, "npr": 8}  # samples per problem of a distill
 # rejection-samples its own (curriculum.py). With --teacher: "", the teacher distils them (cold-start-data)
 COLD_START = {"parallel-r1": "parallel-gsm8k", "npr": ""}
 NPR_PLANS = 5  # the most plans (branches) NPR's engine forks a guideline into
+# NPR rejection-samples its whole training set; the toy's default 512 problems leave its SFT data-starved:
+# 2,048 (1,791 kept traces) end the parallel SFT 10.0 +- 1.8 points higher on easy than 512 (448 kept), at
+# ~4x the stage's time (docs/results.md). Only where the model is built from code: a real model keeps 512
+NPR_TOY_REJECTION = 2048
 
 
 def real_defaults(training: bool = False) -> dict:
@@ -99,6 +105,8 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
             put("dtype", cpu_dtype(config.load_in_4bit))
     if training:
         _resolve_training_placeholders(config, put)
+        if config.recipe == "npr":
+            _resolve_npr_data(config, put, chosen)
     else:  # a checkpoint evaluated or sampled as it was trained: its tags, attention and positions
         trained = trained_with(config.model)
         for field in ("mode", "path_stride", "instructions"):
@@ -143,6 +151,21 @@ def _resolve_training_placeholders(config, put) -> None:
         put("eval_data", ",".join(auto_eval_sets(config)))
 
 
+def _resolve_npr_data(config, put, chosen: set) -> None:
+    """NPR's data where the flags leave it (step 5 of `resolve`): PAPO on the mix of --easy-data and
+    --hard-data, and on a model built from code (the toy) NPR_TOY_REJECTION rejection problems.
+
+    NPR trains every stage on one mixed-difficulty set (ORZ-57k); nanopar's easy and hard sets are
+    two, so NPR's PAPO stage, which reads --hard-data, gets both mixed ("toy:easy+toy:hard"), unless
+    --hard-data is given. On hard problems alone the toy's SFT model is at 0% and every group pays
+    -1: PAPO never had a step to learn from (docs/results.md, "NPR's recipe on the toy")."""
+    if "hard_data" not in chosen and config.easy_data != config.hard_data:
+        parts = mix_parts(config.hard_data)
+        put("hard_data", MIX.join(dict.fromkeys(mix_parts(config.easy_data) + parts)))
+    if "distill_problems" not in chosen and built_from_code(config.model):
+        put("distill_problems", NPR_TOY_REJECTION)
+
+
 PRETRAINING = ("pretrain_steps", "pretrain_lr")  # the fields besides its traces that change the base a pretrain stage makes
 
 
@@ -163,9 +186,11 @@ def auto_eval_sets(config) -> list[str]:
     """What --eval-data auto stands for: the held-out set that goes with the run's easy and hard
     data (`data.heldout_set_of`: "toy:easy" -> "toy:easy:heldout", gsm8k_train -> gsm8k), else the
     set's last --eval-problems problems (at most half of it: "x.jsonl[-100:]"), which the run
-    leaves out of training (`run_inputs.RunInputs.problems`). Never a problem the run trains on."""
+    leaves out of training (`run_inputs.RunInputs.problems`); a mix's ("toy:easy+toy:hard"), each of
+    its parts' (a set named twice is evaluated once). Never a problem the run trains on."""
     sets = []
-    for spec in dict.fromkeys(s for s in (config.easy_data, config.hard_data) if s and config.eval_problems):
+    named = [part for s in (config.easy_data, config.hard_data) if s and config.eval_problems for part in mix_parts(s)]
+    for spec in dict.fromkeys(named):
         heldout_set = heldout_set_of(spec)
         if heldout_set is not None:
             sets.append(heldout_set)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import NanoparError, distributed
 from .curriculum import Stage, TrainConfig, eval_sets, stage_folder
-from .data import Problem, load_problems, load_traces, split_slice
+from .data import MIX, Problem, load_problems, load_traces, mix_parts, split_slice
 from .format import check_parallel
 from .forward import head_read_for
 from .grpo import GRPOSettings
@@ -44,11 +44,16 @@ class RunInputs:
 
     def problems(self, spec: str) -> list[Problem]:
         """A training set (--limit: its first N), less any tail of it an evaluation set holds out:
-        with the evaluation set "x.jsonl[-100:]" the run trains on "x.jsonl[:-100]"."""
+        with the evaluation set "x.jsonl[-100:]" the run trains on "x.jsonl[:-100]" (in a mix, each
+        part less its own)."""
         if spec not in self._problems:
             config = self.config
-            held = max((count for base, count in map(_tail, self.eval_sets()) if base == spec), default=0)
-            self._problems[spec] = load_problems(f"{spec}[:-{held}]" if held else spec, config.question_field or None,
+            tails = list(map(_tail, self.eval_sets()))
+
+            def kept(part: str) -> str:
+                held = max((count for base, count in tails if base == part), default=0)
+                return f"{part}[:-{held}]" if held else part
+            self._problems[spec] = load_problems(MIX.join(map(kept, mix_parts(spec))), config.question_field or None,
                                                  config.answer_field or None, config.limit or None)
             if not self._problems[spec]:
                 raise NanoparError(f"no problems in {spec}")

@@ -160,6 +160,24 @@ def test_missing_file_or_unknown_name(tmp_path):
         read_jsonl(tmp_path / "nope.jsonl")
 
 
+def test_a_mix_interleaves_its_sets_and_a_bad_mix_is_a_one_line_error(tmp_path):
+    """"a+b": a, b, a, b, ..., then the longer set's rest, so any first N hold each set alike
+    (NPR's stages read a mix of difficulties; a distill stage samples the first N)."""
+    mixed = load_problems("aime24[:3]+amc23[:1]")
+    assert [p.id for p in mixed] == ["aime24:1", "amc23:1", "aime24:2", "aime24:3"]
+    assert [p.id for p in load_problems("aime24+amc23", limit=3)] == ["aime24:1", "amc23:1", "aime24:2"]
+    toy = load_problems("toy:easy+toy:hard")
+    assert len(toy) == 40_000 and [p.source for p in toy[:4]] == ["toy-easy", "toy-hard"] * 2
+    plus = write_lines(tmp_path / "a+b.jsonl", [json.dumps({"question": "q", "answer": "1"})])
+    assert len(load_problems(str(plus))) == 1  # a file whose name holds "+" is that file
+    for bad in ("toy:easy+", "+toy:hard", "toy:easy++toy:hard"):
+        with pytest.raises(NanoparError) as error:
+            load_problems(bad)
+        assert one_line(error) == f"bad data mix {bad!r}: write data sets joined by '+', e.g. toy:easy+toy:hard"
+    with pytest.raises(NanoparError, match="in two parts of the mix"):
+        load_problems("aime24+aime24[:2]")
+
+
 def test_importing_nanopar_data_does_not_import_datasets():
     code = "import sys, nanopar.data, nanopar.prompts; assert 'datasets' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

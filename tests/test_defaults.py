@@ -2,6 +2,8 @@
 a flag always wins, the three scripts agree on sampling, and `resolve` says what it changed."""
 
 
+import json
+
 import eval as eval_script
 import sample
 import train
@@ -71,6 +73,23 @@ def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_w
     written = parse_config(train.TrainConfig, ["--model", str(tmp_path)])
     assert resolve(written, ["--model", str(tmp_path)]) == changed | {"lr": 1e-5}  # the same road, whoever calls it
     assert "real model: 1e-05" in " ".join(train_help().split())
+
+
+def test_a_mix_is_evaluated_on_the_held_out_set_of_each_of_its_parts_and_trains_without_them(tmp_path):
+    from nanopar.run_inputs import RunInputs
+    from nanopar.tags import schema_named
+
+    config, _ = train.resolved_config(["--recipe", "npr", "--hard-data", "toy:easy+toy:hard"])
+    assert config.eval_data == "toy:easy:heldout,toy:hard:heldout"  # each set once, not a tail of the mix
+    rows = [json.dumps({"question": f"q{n}", "answer": str(n)}) for n in range(10)]
+    (tmp_path / "set.jsonl").write_text("\n".join(rows) + "\n")
+    spec = f"{tmp_path / 'set.jsonl'}+aime24[:2]"
+    config, _ = train.resolved_config(["--easy-data", spec, "--hard-data", "aime24[:2]", "--eval-problems", "4",
+                                       "--model", "toy:model"])
+    assert config.eval_data.split(",")[0] == f"{tmp_path / 'set.jsonl'}[-4:]"  # the file part's own tail
+    problems = RunInputs(config, recipe(config), schema_named("parallel-r1")).problems(spec)
+    assert config.eval_data.split(",")[1] == "aime24[:2][-1:]"  # the other part (also --hard-data): its own
+    assert [p.id for p in problems] == ["set:1", "aime24:1", "set:2", "set:3", "set:4", "set:5", "set:6"]  # each less its tail
 
 
 def test_a_preset_for_a_real_model_outranks_its_defaults_and_a_flag_outranks_the_preset():

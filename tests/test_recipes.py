@@ -63,6 +63,23 @@ def test_npr_stage_1_pays_the_write_ups_reward_or_npr_zeros_released_one():
     assert "format-rl" not in stages_of(["--format-rl-reward", "accuracy"])[1]  # Parallel-R1's recipe has no such stage
 
 
+def test_npr_trains_papo_on_easy_and_hard_mixed_and_rejection_samples_2048_toy_problems(tmp_path):
+    """NPR trains every stage on one mixed-difficulty set (ORZ); on the toy's hard set alone its
+    PAPO stage never had a group that paid. Its rejection on the toy samples 2,048 problems (512
+    left the parallel SFT data-starved). A flag given wins; a real model keeps 512; Parallel-R1's
+    recipe is as before."""
+    config, by_name, _ = stages_of(["--recipe", "npr"])
+    assert by_name["parallel-rl"].data == "toy:easy+toy:hard" and by_name["format-rl"].data == "toy:easy"
+    assert config.distill_problems == 2048 and config.eval_data == "toy:easy:heldout,toy:hard:heldout"
+    config, by_name, _ = stages_of(["--recipe", "npr", "--hard-data", "toy:hard", "--distill-problems", "512"])
+    assert by_name["parallel-rl"].data == "toy:hard" and config.distill_problems == 512
+    config, by_name, _ = stages_of([])
+    assert by_name["rl-hard"].data == "toy:hard" and config.distill_problems == 512
+    (tmp_path / "config.json").write_text("{}")  # a real model: GSM8K and DAPO mixed, 512 problems sampled
+    config, by_name, _ = stages_of(["--recipe", "npr", "--model", str(tmp_path)])
+    assert by_name["parallel-rl"].data == "gsm8k_train+dapo" and config.distill_problems == 512
+
+
 def test_a_bad_stage_1_reward_is_a_one_line_error_before_any_stage_runs(tmp_path):
     with pytest.raises(NanoparError) as error:
         train.main(["--out", str(tmp_path), "--recipe", "npr", "--stages", "format-rl", "--format-rl-reward", "acuracy",
