@@ -23,20 +23,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .task import FINAL, eval_expression
+from ..data import Problem
+from .task import FINAL, check_countdown
 
 _CLAIM = re.compile(r"([^\n>]*)vs(\d+)yes so ([^\n<]*)$")  # an attempt's line that says it checks out
 _SUMMARY = re.compile(r"<(?:Summary|takeaway)>([^<]*)</(?:Summary|takeaway)>$")  # a block's last words
 _STEP = re.compile(r"(\d+)([-+*])(\d+)=(\d+)")
-
-
-def reaches(expression: str, numbers: list[int], target: int) -> bool:
-    """Whether `expression` uses `numbers` once each and equals `target` (a malformed one does not)."""
-    try:
-        value, used = eval_expression(expression)
-    except ValueError:  # malformed: it reaches nothing
-        return False
-    return value == target and sorted(used) == sorted(numbers)
 
 
 def slip_kind(steps: str) -> str:
@@ -58,12 +50,12 @@ def ending(record: dict) -> str:
         return "truncated"
     if record["extracted"] is None:
         return "no answer"
-    numbers, target = record["extra"]["numbers"], record["extra"]["target"]
+    problem = Problem("", "", "", extra=record["extra"])  # what the toy's checker reads: numbers, target
     last = record["response"].rsplit(FINAL, 1)[0].rstrip("\n").split("\n")[-1]
     if summary := _SUMMARY.search(last):
-        return "block: summary right, answer miscopied" if reaches(summary[1], numbers, target) else "block: summary wrong"
+        return "block: summary right, answer miscopied" if check_countdown(summary[1], problem) else "block: summary wrong"
     if claim := _CLAIM.search(last):
-        if reaches(claim[3], numbers, target):
+        if check_countdown(claim[3], problem):
             return "attempt right, answer miscopied"
         return f"slip not checked: {slip_kind(claim[1])}"
     return "other"
