@@ -165,7 +165,8 @@ def check_back(route: Route, problem: Problem) -> str:
     numbers is; a route of 4 that joins two pairs is not), or an inverse that is not a positive
     integer (`works_back` says which routes can)."""
     inverses, left = _work_back(route, problem.extra["target"])
-    return f"{','.join(inverses)}vs{_steps(route)[0][0]}{_verdict(left == _steps(route)[0][0])}"
+    first = _steps(route)[0][0]
+    return f"{','.join(inverses)}vs{first}{_verdict(left == first)}"
 
 
 def works_back(route: Route, target: int) -> bool:
@@ -219,17 +220,18 @@ def _right_route(problem: Problem) -> Route:
     return Route(tuple(problem.extra["steps"]), problem.extra["target"], problem.answer)
 
 
-def _misses(problem: Problem, rng: random.Random, n: int, avoid: set, distinct=lambda route: route.steps
-            ) -> list[Route]:
+def _misses(problem: Problem, rng: random.Random, n: int, avoid: set, distinct=lambda route: route.steps,
+            keep=lambda route: True, draws: int = 0) -> list[Route]:
     """Up to `n` random legal routes that miss the target, no two alike by `distinct` (the steps;
-    NPR's plans: the first move) and none whose steps or `distinct` key is in `avoid`."""
+    NPR's plans: the first move), none whose steps or `distinct` key is in `avoid`, each one `keep`
+    accepts; in `draws` walks at most (0: 50 per route wanted, and 50 more)."""
     numbers, target = problem.extra["numbers"], problem.extra["target"]
     found: dict = {}
-    for _ in range(50 * (n + 1)):  # a walk is a few steps, so this stays cheap for 4 numbers
+    for _ in range(draws or 50 * (n + 1)):  # a walk is a few steps, so this stays cheap for 4 numbers
         if len(found) == n:
             break
         route = random_route(numbers, LEVELS[problem.extra["level"]].bound, rng)
-        if route.value != target and route.steps not in avoid and distinct(route) not in avoid:
+        if route.value != target and route.steps not in avoid and distinct(route) not in avoid and keep(route):
             found.setdefault(distinct(route), route)
     return list(found.values())
 
@@ -237,13 +239,9 @@ def _misses(problem: Problem, rng: random.Random, n: int, avoid: set, distinct=l
 def _slip_route(problem: Problem, rng: random.Random, avoid: set) -> Route | None:
     """A random legal route that misses the target, is not in `avoid` and can be worked back from
     the target (`works_back`: a chain whose inverses are exact), so a block can check it all three
-    ways; None where 200 draws find none (~1% of easy problems, none of hard)."""
-    target = problem.extra["target"]
-    for _ in range(200):
-        route = random_route(problem.extra["numbers"], LEVELS[problem.extra["level"]].bound, rng)
-        if route.value != target and route.steps not in avoid and works_back(route, target):
-            return route
-    return None
+    ways; None where 200 draws find none (~1% of easy problems, a few hard ones)."""
+    found = _misses(problem, rng, 1, avoid, keep=lambda route: works_back(route, problem.extra["target"]), draws=200)
+    return found[0] if found else None
 
 
 def _sequential_attempts(problem: Problem, rng: random.Random, attempts: int | None = None) -> list[Route]:
