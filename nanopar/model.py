@@ -173,7 +173,7 @@ GGUF_STAMP = "nanopar_gguf.json"  # in that folder: which file (size, mtime) it 
 GGUF_HINT = "pip install gguf==0.19.0"  # the version tested with transformers 5.24 (pyproject's test extra)
 
 
-def gguf_folder(path: str, folder: str | None = None) -> str:
+def gguf_folder(path: str, folder: str | None = None, read_once: bool = True) -> str:
     """The model folder of a GGUF file, converted on first use. -> the folder's path
 
     transformers reads the file (its `gguf_file=` support, which needs the `gguf` package) and
@@ -182,6 +182,7 @@ def gguf_folder(path: str, folder: str | None = None) -> str:
     to the file, `file.gguf.nanopar/`) under a temporary name and renamed into place only when
     complete, so a killed conversion leaves no folder that looks done. A folder stamped with the
     file's size and modification time is reused; a changed file is converted again.
+    `read_once=False` lets transformers parse the file once per reader (`_gguf_read_once`).
     """
     if not os.path.isfile(path):
         raise NanoparError(f"cannot load model {path!r}: no such GGUF file")
@@ -200,8 +201,9 @@ def gguf_folder(path: str, folder: str | None = None) -> str:
     shutil.rmtree(temporary, ignore_errors=True)
     try:
         where, name = os.path.split(os.path.abspath(path))
-        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+        with _gguf_read_once() if read_once else contextlib.nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None:  # weights are dense already; drop the GGUF tag so the model saves
             quantizer.remove_quantization_config(model)
@@ -220,6 +222,31 @@ def gguf_folder(path: str, folder: str | None = None) -> str:
         json.dump(stamp, f)
     _replace_folder(temporary, folder, lambda: _gguf_stamp(folder) == stamp)
     return folder
+
+
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within this block, one `gguf.GGUFReader` per file. transformers opens a GGUF three times
+    (tokenizer, config, weights), each a new reader whose header parse walks the whole vocabulary
+    in small reads: two thirds of a conversion (Gemma-3 270M, a 262,144-entry vocabulary: ~23 s
+    of ~107 s per parse; bench/gguf_convert.py). A reader only reads (a read-only memory map), so
+    the three can share one; transformers imports `GGUFReader` from `gguf` at each call, which is
+    where the shared one is put, and taken away at the block's end."""
+    import gguf
+
+    plain, readers = gguf.GGUFReader, {}
+
+    def shared(path, mode="r"):
+        key = (os.path.abspath(path), mode)
+        if key not in readers:
+            readers[key] = plain(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = plain
 
 
 def _gguf_stamp(folder: str) -> dict | None:
