@@ -61,7 +61,7 @@ MAX_PATH_TOKENS = DEFAULTS.max_path_tokens  # 48: a step (label, attempt or chec
 # and why they last moved on purpose).
 PARALLEL_R1_TRACES = {
     "toy:sequential": "987bf03d27784d43512207405f770cb0d45c271ddef0ff4a5fd96f678be968b7",
-    "toy:instruct": "28173f0e269837e2bfbc7ce1218101d7cefeb6f567681b61f756be76ac4b9e7e",
+    "toy:instruct": "a1283362bee0904c28e1cf3424c563ad000df407088df7ae7c94aa22a6c70153",
     "toy:parallel": "ebac06e343a3ba4488a357c5ddefeb31e7378f98e23c82dde3b128f5f33d0dfc",
     "toy:checked": "9a993de495c00e9b5c45c8baf31686ada302348f2319ab62f1f735948be9cc61",
 }
@@ -591,7 +591,7 @@ def test_npr_tokens_put_each_step_label_right_after_its_tag(npr_traces, npr_toke
 
 
 def test_teacher_traces_in_npr_tags_have_the_mix_shares():
-    for name, shares in (("toy:instruct", {"easy": 0.1}), ("toy:parallel", {"easy": 0.75, "hard": 0.1}),
+    for name, shares in (("toy:instruct", {"easy": 0.1, "hard": 0.05}), ("toy:parallel", {"easy": 0.75, "hard": 0.1}),
                          ("toy:checked", {"easy": 0.7, "hard": 0.15})):
         records = teacher_traces(name, NPR)
         assert len(records) == 4000
