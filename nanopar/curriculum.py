@@ -154,14 +154,15 @@ def recipe(config: TrainConfig) -> list[Stage]:
         # NPR prompts with its format at every stage; the parallel mask and positions arrive with
         # the parallel SFT (stages 1 and 2 sample and train causally, like the instruct model)
         npr = partial(stage, instructions="parallel")
-        # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stages 1-2, in 3 easy and hard
-        # mixed (--hard-data resolved so, defaults.py; NPR: all three on ORZ, one mixed set).
+        # simpler than NPR's code: format RL is GRPO, not DAPO; easy data in stage 1, in the rejection and
+        # stage 3 easy and hard mixed (--hard-data resolved so, defaults.py; NPR: all three on ORZ, one
+        # mixed set): rejection on easy problems alone teaches the SFT model no hard round (docs/results.md).
         # Stage 1 pays --format-rl-reward: npr_format by default, as NPR's write-up describes it; NPR-Zero's
         # released code pays accuracy (docs/recipes.md)
         stages = base + [
             npr("format-rl", "grpo", c.easy_data, steps=c.rl_easy_steps, reward=c.format_rl_reward, lr=c.lr,
                 mode="causal"),
-            npr("rejection", "distill", c.easy_data, tries=c.distill_tries, mode="causal", keep="structured"),
+            npr("rejection", "distill", c.hard_data, tries=c.distill_tries, mode="causal", keep="structured"),
             # NPR fine-tunes the original (instruct) model on the format-RL model's kept traces:
             # format RL only writes data (its code's sft_math.sh starts from the instruct base)
             npr("sft", "sft", c.easy_data, steps=c.sft_steps, traces="rejection", lr=c.sft_lr, mode="structured",

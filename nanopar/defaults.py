@@ -152,7 +152,7 @@ def _resolve_training_placeholders(config, put) -> None:
 
 
 def _resolve_npr_data(config, put, chosen: set) -> None:
-    """NPR's data where the flags leave it (step 5 of `resolve`): PAPO on the mix of --easy-data and
+    """NPR's data where the flags leave it (step 5 of `resolve`): rejection and PAPO on the mix of --easy-data and
     --hard-data, and on a model built from code (the toy) NPR_TOY_REJECTION rejection problems.
 
     NPR trains every stage on one mixed-difficulty set (ORZ-57k); nanopar's easy and hard sets are

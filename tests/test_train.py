@@ -118,13 +118,14 @@ def test_an_interrupted_save_leaves_no_checkpoint_folder(tmp_path, monkeypatch):
 
 
 def half_right_sampler(monkeypatch):
-    """A stand-in for the sampler of a distill stage over 6 toy problems: a teacher trace in the
-    policy's schema for every other problem, a wrong answer for the rest."""
+    """A stand-in for the sampler of a distill stage over the first 6 toy problems of each level (NPR's
+    rejection reads both): a teacher trace in the policy's schema for every other problem, a wrong
+    answer for the rest."""
     import random
 
     from nanopar.toy import npr_trace, parallel_trace, toy_problems
 
-    problems = {p.question: p for p in toy_problems("toy:easy")[:6]}
+    problems = {p.question: p for level in ("easy", "hard") for p in toy_problems(f"toy:{level}")[:6]}
     tokenizers = {}  # schema name -> the toy tokenizer with its tags
     seen = []  # (decoded prompt, attention mode) of every prompt sampled
 
@@ -136,9 +137,10 @@ def half_right_sampler(monkeypatch):
         rollouts = []
         for i, prompt in enumerate(prompts):
             seen.append((tokenizer.decode(prompt), policy.mode))
-            problem = problems[tokenizer.decode(prompt).strip().splitlines()[-1]]  # the question: the last line
+            question = tokenizer.decode(prompt).strip().splitlines()[-1]  # the question: the last line
+            problem, wrong = problems[question], list(problems).index(question) % 2  # every other of each level
             good = (npr_trace if schema.planned else parallel_trace)(problem, random.Random(i), schema=schema)
-            texts = [good.replace("Final Answer:", "Final Answer: 99+") if i % 2 else good] * samples_per_prompt
+            texts = [good.replace("Final Answer:", "Final Answer: 99+") if wrong else good] * samples_per_prompt
             for text in texts:
                 rollouts.append(text_rollout(prompt, tokenizer.encode(text) + [tokenizer.eos_token_id], policy.tag_ids))
         return rollouts
@@ -509,17 +511,18 @@ def test_each_stage_samples_trains_and_is_evaluated_with_its_own_prompt_and_mode
     assert how["instructions"] == ["", ""] and pretrain["instructions"] == ["in parallel", "in parallel"]
 
 
-def test_the_toy_base_learns_to_follow_the_parallel_instructions_from_a_tenth_of_its_traces():
+def test_the_toy_base_learns_to_follow_the_parallel_instructions_from_some_of_its_traces():
     """NPR's toy base: a tenth of its pretraining traces are prompted "in parallel" and answered
-    with an easy parallel trace, so it follows the instructions some of the time, as an instruct
-    model; Parallel-R1's base never saw the marker."""
+    with an easy parallel trace, a twentieth with a hard one, so it follows the instructions some
+    of the time, as an instruct model; Parallel-R1's base never saw the marker."""
     from nanopar.format import check_parallel
     from nanopar.toy import teacher_traces
 
     records = teacher_traces("toy:instruct")
     instructed = [r for r in records if r.get("instructions") == "parallel"]
-    assert len(instructed) == len(records) // 10
-    assert all(check_parallel(r["response"]).ok and r["id"].startswith("toy-easy") for r in instructed)
+    assert sum(r["id"].startswith("toy-easy") for r in instructed) == len(records) // 10
+    assert sum(r["id"].startswith("toy-hard") for r in instructed) == len(records) // 20
+    assert all(check_parallel(r["response"]).ok for r in instructed)
     assert not any(check_parallel(r["response"]).ok for r in records if "instructions" not in r)
     assert not any("instructions" in r for r in teacher_traces("toy:sequential"))  # Parallel-R1's base model
     config = train.resolved_config(["--recipe", "npr"])[0]
@@ -554,7 +557,9 @@ def test_the_npr_recipe_runs_end_to_end(tmp_path, monkeypatch):
     assert {stage: run["instructions"] for stage, run in saved.items()} == {
         "1-pretrain": "none", "2-format-rl": "parallel", "4-sft": "parallel", "5-parallel-rl": "parallel"}
     kept = read_jsonl(out / "3-rejection" / "traces.jsonl")
-    assert len(kept) == 3  # the NPR recipe writes NPR's tags: the kept traces are NPR rounds
+    # the rejection reads easy and hard problems mixed, as NPR's whole training set: half of each kept
+    assert [r["id"].split(":")[0] for r in kept].count("toy-hard") == 3 and len(kept) == 6
+    # the NPR recipe writes NPR's tags: the kept traces are NPR rounds
     assert all(check_parallel(r["response"], NPR).ok and "<Parallel>" not in r["response"] for r in kept)
     assert json.loads((out / "config.json").read_text())["schema"] == "npr"
     log = read_metrics(out)
