@@ -25,6 +25,10 @@ from pathlib import Path
 # start: more OpenMP threads than cores, whose spin-waiting runs 10-20x slower when the cores are
 # taken. Set before torch loads; the scripts' processes inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Under two or more workers, one thread each (and in the scripts they start): two workers of
+# torch's default two threads put four on a 2-core machine (docs/measurements.md, "The test suite").
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
