@@ -228,10 +228,9 @@ def gguf_folder(path: str, folder: str | None = None, read_once: bool = True) ->
 def _gguf_read_once():
     """Within this block, one `gguf.GGUFReader` per file. transformers opens a GGUF three times
     (tokenizer, config, weights), each a new reader whose header parse walks the whole vocabulary
-    in small reads: two thirds of a conversion (Gemma-3 270M, a 262,144-entry vocabulary: ~23 s
-    of ~107 s per parse; bench/gguf_convert.py). A reader only reads (a read-only memory map), so
-    the three can share one; transformers imports `GGUFReader` from `gguf` at each call, which is
-    where the shared one is put, and taken away at the block's end."""
+    in small reads: most of a conversion's time (bench/README.md, "gguf_convert"). A reader only
+    reads (a read-only memory map), so the three can share one; transformers imports `GGUFReader`
+    from `gguf` at each call, which is where the shared one is put, and taken away at the block's end."""
     import gguf
 
     plain, readers = gguf.GGUFReader, {}
