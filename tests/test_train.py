@@ -126,6 +126,7 @@ def half_right_sampler(monkeypatch):
     from nanopar.toy import npr_trace, parallel_trace, toy_problems
 
     problems = {p.question: p for level in ("easy", "hard") for p in toy_problems(f"toy:{level}")[:6]}
+    wrong = {question: k % 2 for k, question in enumerate(problems)}  # every other problem of each level
     tokenizers = {}  # schema name -> the toy tokenizer with its tags
     seen = []  # (decoded prompt, attention mode) of every prompt sampled
 
@@ -138,9 +139,9 @@ def half_right_sampler(monkeypatch):
         for i, prompt in enumerate(prompts):
             seen.append((tokenizer.decode(prompt), policy.mode))
             question = tokenizer.decode(prompt).strip().splitlines()[-1]  # the question: the last line
-            problem, wrong = problems[question], list(problems).index(question) % 2  # every other of each level
-            good = (npr_trace if schema.planned else parallel_trace)(problem, random.Random(i), schema=schema)
-            texts = [good.replace("Final Answer:", "Final Answer: 99+") if wrong else good] * samples_per_prompt
+            write = npr_trace if schema.planned else parallel_trace
+            good = write(problems[question], random.Random(i), schema=schema)
+            texts = [good.replace("Final Answer:", "Final Answer: 99+") if wrong[question] else good] * samples_per_prompt
             for text in texts:
                 rollouts.append(text_rollout(prompt, tokenizer.encode(text) + [tokenizer.eos_token_id], policy.tag_ids))
         return rollouts
