@@ -64,6 +64,8 @@ PARALLEL_R1_TRACES = {
     "toy:instruct": "a1283362bee0904c28e1cf3424c563ad000df407088df7ae7c94aa22a6c70153",
     "toy:parallel": "ebac06e343a3ba4488a357c5ddefeb31e7378f98e23c82dde3b128f5f33d0dfc",
     "toy:checked": "9a993de495c00e9b5c45c8baf31686ada302348f2319ab62f1f735948be9cc61",
+    "toy:committed": "915688d502dc486335580cac46560d51cfe8ceb211c5c82bbf1693398151d4b7",
+    "toy:parallel-committed": "1280a73f1e8c40750858f72f73dd9d285e81dc75a970446c3239e63172299742",
 }
 
 

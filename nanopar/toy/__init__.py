@@ -4,6 +4,7 @@ and a ~0.8M-parameter Qwen3, so the whole curriculum runs on a laptop CPU in min
     task.py     reach a target from a few numbers with + - *: levels, routes, seeded problems, the
                 held-out split, `eval_expression` and the exact checker (`grade_countdown`)
     teacher.py  sequential and parallel traces (exploration or verification), in either schema's tags
+    committed.py  a second teacher: a chain that commits to an approach, blocks of different approaches
     source.py   the tokenizer, the model, problems and trace mixes by name: `SOURCE`
 
 The general modules reach the toy only through two registry entries, data.SOURCES["toy"] (SOURCE)

@@ -25,6 +25,7 @@ from ..data import Problem, Source
 from ..tags import PARALLEL_R1, TagSchema, add_tag_tokens
 from ..tiny import tiny_qwen_config, word_tokenizer
 from .task import FINAL, LEVELS, heldout, make_problems
+from .committed import committed_parallel_trace, committed_sequential_trace
 from .teacher import TRACE_KINDS, npr_trace, parallel_trace, sequential_trace
 
 
@@ -113,6 +114,12 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
     # can buy beyond time, tried as the default and not kept: it did not raise accuracy (docs/toy.md)
     "toy:checked": [("easy", "parallel", 0.55), ("easy", "correction", 0.15), ("hard", "parallel", 0.1),
                     ("hard", "correction", 0.05), ("hard", "sequential", 0.15)],
+    # the committed teacher's world (committed.py): a chain that stays with an approach and varies
+    # it, a block whose paths are different approaches; a base and a cold start in the shares of
+    # toy:sequential and toy:parallel. Parallel-R1's tags only; tried, not the default (docs/toy.md)
+    "toy:committed": [("easy", "committed-sequential", 0.5), ("hard", "committed-sequential", 0.5)],
+    "toy:parallel-committed": [("easy", "committed-parallel", 0.75), ("hard", "committed-parallel", 0.1),
+                               ("hard", "committed-sequential", 0.15)],
 }
 
 
@@ -125,10 +132,13 @@ def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, se
         raise NanoparError(f"unknown toy traces {spec!r}: use one of {', '.join(TEACHER_MIXES)}")
     rng, records = random.Random(seed), []
     parallel = npr_trace if schema.planned else parallel_trace
+    write = {"sequential": lambda p: sequential_trace(p, rng),
+             "committed-sequential": lambda p: committed_sequential_trace(p, rng),
+             "committed-parallel": lambda p: committed_parallel_trace(p, rng, schema=schema)}
     for level, kind, share in TEACHER_MIXES[spec]:
         for problem in make_problems(level, round(n * share), seed=seed * 7 + len(records)):
-            response = (sequential_trace(problem, rng) if kind == "sequential" else
-                        parallel(problem, rng, schema=schema, kind=kind if kind in TRACE_KINDS else None))
+            response = write[kind](problem) if kind in write else parallel(
+                problem, rng, schema=schema, kind=kind if kind in TRACE_KINDS else None)
             records.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
                             "response": response} | ({"instructions": "parallel"} if kind == "instructed" else {}))
     rng.shuffle(records)

@@ -286,7 +286,7 @@ def _exploration_rounds(problem: Problem, rng: random.Random, size, distinct) ->
     return rounds
 
 
-def _pick_checks(rng: random.Random, n: int) -> list[str]:
+def pick_checks(rng: random.Random, n: int) -> list[str]:
     """`n` of the CHECKS' names, in CHECKS order."""
     if not 2 <= n <= len(CHECKS):
         raise ValueError(f"a verification block does 2..{len(CHECKS)} checks, not {n}")
@@ -366,7 +366,7 @@ def _exploration_trace(problem: Problem, rng: random.Random, schema: TagSchema, 
     `distinct`), each summed up by `_summary`, then the answer; a schema with plans names each
     route by its first move."""
     target = problem.extra["target"]
-    blocks = [_block(schema, [first_move(r) for r in routes_] if schema.planned else None,
+    blocks = [block_text(schema, [first_move(r) for r in routes_] if schema.planned else None,
                      [attempt_text(r, target) for r in routes_], _summary(routes_, target))
               for routes_ in _exploration_rounds(problem, rng, size, distinct)]
     return "\n".join(blocks) + f"\n{FINAL} {problem.answer}"
@@ -389,7 +389,7 @@ def _verification_trace(problem: Problem, rng: random.Random, schema: TagSchema,
     each check."""
     tried, right = _sequential_attempts(problem, rng), _right_route(problem)
     lines = [attempt_text(r, problem.extra["target"]) for r in tried]
-    lines.append(_check_block(schema, _pick_checks(rng, count()), right, problem, right.expression))
+    lines.append(check_block(schema, pick_checks(rng, count()), right, problem, right.expression))
     return "\n".join(lines) + f"\n{FINAL} {right.expression}"
 
 
@@ -408,14 +408,14 @@ def _correction_trace(problem: Problem, rng: random.Random, schema: TagSchema, c
     at = rng.randrange(misses) if misses else 0  # a miss becomes the slip; with none, the slip comes first
     n = count()
     names = list(CHECKS) if n == len(CHECKS) else list(CATCHES[:n])  # NPR's rounds: the two that catch it
-    block = _check_block(schema, names, slip, problem, "no")
+    block = check_block(schema, names, slip, problem, "no")
     lines[at:at + (misses > 0)] = [slip_text(slip, target, rng.choice(SLIPS)), block]
     return "\n".join(lines) + f"\n{FINAL} {tried[-1].expression}"
 
 
-def _check_block(schema: TagSchema, names: list[str], route: Route, problem: Problem, summary: str) -> str:
+def check_block(schema: TagSchema, names: list[str], route: Route, problem: Problem, summary: str) -> str:
     """One block of the named CHECKS of `route`, summed up by `summary`; a schema with plans names each check."""
-    return _block(schema, names if schema.planned else None, [CHECKS[name](route, problem) for name in names], summary)
+    return block_text(schema, names if schema.planned else None, [CHECKS[name](route, problem) for name in names], summary)
 
 
 def _draw_kind(rng: random.Random, kind: str | None, problem: Problem) -> str:
@@ -439,7 +439,7 @@ def _summary(routes_: list[Route], target: int) -> str:
     return next((r.expression for r in routes_ if r.value == target), "no")
 
 
-def _block(t: TagSchema, plans: list[str] | None, branches: list[str], summary: str) -> str:
+def block_text(t: TagSchema, plans: list[str] | None, branches: list[str], summary: str) -> str:
     """One block in `t`'s tags: plans (a schema with plans) and branches, each opening with its label."""
     head = t.block_open
     if t.planned:
