@@ -5,6 +5,7 @@ route closest to the target, and the same attempts and budgets for both."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -19,17 +20,25 @@ from nanopar.toy.committed import (LOCAL_TRIES, WRONG_APPROACHES, committed_chai
                                    committed_sequential_trace)
 
 
+@functools.lru_cache(maxsize=None)
+def routes_by_move(numbers: tuple[int, ...]) -> dict[str, list]:
+    """Every legal route of `numbers` (task.routes), by its first move."""
+    found: dict[str, list] = {}
+    for r in routes(list(numbers)):
+        found.setdefault(r.steps[0].partition("=")[0], []).append(r)
+    return found
+
+
 def closest(problem, move: str) -> set[str]:
     """The attempt texts' routes ("a+b=c,...") of `move` closest to the target, enumerated here."""
     target = problem.extra["target"]
-    mine = [r for r in routes(problem.extra["numbers"]) if r.steps[0].partition("=")[0] == move]
+    mine = routes_by_move(tuple(problem.extra["numbers"]))[move]
     best = min(abs(r.value - target) for r in mine)
     return {",".join(r.steps) for r in mine if abs(r.value - target) == best}
 
 
 def reaches(problem, move: str) -> bool:
-    return any(r.value == problem.extra["target"] for r in routes(problem.extra["numbers"])
-               if r.steps[0].partition("=")[0] == move)
+    return any(r.value == problem.extra["target"] for r in routes_by_move(tuple(problem.extra["numbers"]))[move])
 
 
 def move_of(attempt: str) -> str:
@@ -71,8 +80,7 @@ def test_the_chain_stays_with_an_approach_after_a_miss_then_takes_the_right_one(
                 assert lines[0].split("vs")[0] in closest(p, move), trace
                 if i < len(groups) - 1:
                     assert not reaches(p, move) and all(line.endswith("no") for line in lines), trace
-                    assert len(lines) - 1 in LOCAL_TRIES or len(lines) == sum(
-                        r.steps[0].partition("=")[0] == move for r in routes(p.extra["numbers"])), trace
+                    assert len(lines) - 1 in LOCAL_TRIES or len(lines) == len(routes_by_move(tuple(p.extra["numbers"]))[move]), trace
                     tries.append(len(lines) - 1)
                 else:
                     assert lines == lines[:1] and reaches(p, move) and "yes so" in lines[0], trace
@@ -94,7 +102,7 @@ def test_an_exploring_block_holds_different_approaches_each_at_its_closest_route
             assert check_format(trace).ok and grade_countdown(trace, p).correct, trace
             blocks = blocks_of(trace, PARALLEL_R1)
             assert check_parallel(trace).ok == bool(blocks), trace
-            wrong = {m for m in map(move_of, (",".join(r.steps) for r in routes(p.extra["numbers"]))) if not reaches(p, m)}
+            wrong = {m for m in routes_by_move(tuple(p.extra["numbers"])) if not reaches(p, m)}
             if not wrong:  # every approach reaches the target: nothing to explore; easy verifies, hard is the chain
                 alone = committed_parallel_trace(p, random.Random(p.id), kind="verification") if level == "easy" else \
                     committed_sequential_trace(p, random.Random(p.id))
