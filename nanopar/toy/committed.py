@@ -64,19 +64,18 @@ def approaches(problem: Problem) -> dict[str, list[Route]]:
     return {move: sorted(rs, key=lambda r: (abs(r.value - target), r.steps != own)) for move, rs in by_move.items()}
 
 
-def _right_and_wrong(problem: Problem) -> tuple[Route, list[str]]:
+def _right_and_wrong(problem: Problem, by_move: dict[str, list[Route]]) -> tuple[Route, list[str]]:
     """The right approach's best route (the problem's own) and the approaches whose best route
-    misses (no route of theirs reaches the target), in routes()'s order."""
-    by_move, target = approaches(problem), problem.extra["target"]
+    misses (no route of theirs reaches the target), in routes()'s order; `by_move`: `approaches`."""
     right = by_move[problem.extra["steps"][0].partition("=")[0]][0]
-    return right, [move for move, rs in by_move.items() if rs[0].value != target]
+    return right, [move for move, rs in by_move.items() if rs[0].value != problem.extra["target"]]
 
 
 def committed_chain(problem: Problem, rng: random.Random) -> list[Route]:
     """The committed chain's attempts: 0..WRONG_APPROACHES wrong approaches (fewer if the problem
     has fewer), each its best route and LOCAL_TRIES more of its routes, then the right one's best."""
-    right, wrong = _right_and_wrong(problem)
     by_move = approaches(problem)
+    right, wrong = _right_and_wrong(problem, by_move)
     given_up = rng.sample(wrong, min(rng.randint(0, WRONG_APPROACHES[problem.extra["level"]]), len(wrong)))
     chain = []
     for move in given_up:
@@ -110,6 +109,8 @@ def committed_parallel_trace(problem: Problem, rng: random.Random, paths: int = 
     """
     if schema.planned:
         raise ValueError(f"the committed teacher writes Parallel-R1's blocks, not {schema.name!r}'s rounds")
+    if paths < 2:
+        raise ValueError(f"a block of the committed teacher has at least 2 paths, not {paths}")
     if kind not in (None, "exploration", "verification"):
         raise ValueError(f"unknown committed trace kind {kind!r}: use exploration or verification")
     easy = problem.extra["level"] == "easy"
@@ -117,19 +118,16 @@ def committed_parallel_trace(problem: Problem, rng: random.Random, paths: int = 
         raise ValueError("the teacher verifies easy problems only: a hard route need not be a chain")
     if kind is None:
         kind = "verification" if easy and rng.random() < VERIFICATION_SHARE else "exploration"
-    chain, target = committed_chain(problem, rng), problem.extra["target"]
-    right, wrong = _right_and_wrong(problem)
+    chain, target, by_move = committed_chain(problem, rng), problem.extra["target"], approaches(problem)
+    right, wrong = _right_and_wrong(problem, by_move)
     if not wrong:  # every approach reaches the target ("numbers 1 1 1 target 2"): nothing to explore
         if not easy:  # a few hard ones ("1 1 2 1 target 3"): the chain, its one right attempt
             return _chain_text(chain, target)
         kind = "verification"
     if kind == "verification":
         return _chain_text(chain, target, check_block(schema, pick_checks(rng, paths), right, problem, right.expression))
-    by_move = approaches(problem)
     blocks = max(1, min(math.ceil(len(chain) / paths), (len(wrong) + 1) // paths))
     tried = [by_move[move][0] for move in rng.sample(wrong, min(blocks * paths - 1, len(wrong)))]
-    if len(tried) + 1 < 2:
-        raise ValueError(f"{problem.question}: too few approaches for a block (found {len(tried) + 1})")
     tried.insert(len(tried) - rng.randrange(min(paths, len(tried) + 1)), right)  # a random place of the last block
     text = [block_text(schema, None, [attempt_text(r, target) for r in tried[i:i + paths]],
                        right.expression if right in tried[i:i + paths] else "no")
