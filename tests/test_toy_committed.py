@@ -141,7 +141,8 @@ def test_a_verifying_trace_is_the_chain_then_a_block_of_checks(problems):
 def test_the_committed_mixes_fit_the_budgets_and_refuse_what_they_cannot_write(problems):
     tk = toy_tokenizer()
     tags = TagIds.from_tokenizer(tk, PARALLEL_R1)
-    for name, shares in (("toy:committed", {"easy": 0.5, "hard": 0.5}), ("toy:parallel-committed", {"easy": 0.75, "hard": 0.25})):
+    for name, shares in (("toy:committed", {"easy": 0.5, "hard": 0.5}), ("toy:parallel-committed", {"easy": 0.75, "hard": 0.25}),
+                         ("toy:parallel-committed-half", {"easy": 0.5, "hard": 0.5})):
         records = teacher_traces(name, n=800)
         assert {level: sum(r["id"].startswith(f"toy-{level}") for r in records) / len(records) for level in shares} == shares
         for r in records:
