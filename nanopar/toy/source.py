@@ -117,8 +117,8 @@ TEACHER_MIXES = {  # trace set name -> (level, kind, share) parts
     # the committed teacher's world (committed.py): a chain that stays with an approach and varies
     # it, a block whose paths are different approaches; a base in the shares of toy:sequential, and
     # two cold starts: the shares of toy:parallel, and "-half" half hard (a quarter of hard blocks,
-    # a quarter of hard chains), which keeps the base's hard accuracy through the cold start
-    # (docs/toy.md: both measured). Parallel-R1's tags only; `--preset committed` runs it
+    # a quarter of hard chains), whose cold start costs the base's hard chains less (docs/toy.md:
+    # both measured). Parallel-R1's tags only; `--preset committed` runs it
     "toy:committed": [("easy", "committed-sequential", 0.5), ("hard", "committed-sequential", 0.5)],
     "toy:parallel-committed": [("easy", "committed-parallel", 0.75), ("hard", "committed-parallel", 0.1),
                                ("hard", "committed-sequential", 0.15)],
