@@ -47,7 +47,7 @@ from ..data import Problem
 from ..tags import PARALLEL_R1, TagSchema
 from .task import FINAL, Route, routes
 from .teacher import (PARALLEL_PATHS, VERIFICATION_SHARE, attempt_text, block_text, check_block, first_move,
-                      pick_checks)
+                      pick_checks, right_route)
 
 WRONG_APPROACHES = {"easy": 2, "hard": 1}  # a chain gives up 0..N approaches before the right one (uniform)
 LOCAL_TRIES = (1, 2)  # after an approach's best route misses, the chain tries this many more of its routes (drawn)
@@ -67,14 +67,15 @@ def approaches(problem: Problem) -> dict[str, list[Route]]:
 def _right_and_wrong(problem: Problem, by_move: dict[str, list[Route]]) -> tuple[Route, list[str]]:
     """The right approach's best route (the problem's own) and the approaches whose best route
     misses (no route of theirs reaches the target), in routes()'s order; `by_move`: `approaches`."""
-    right = by_move[problem.extra["steps"][0].partition("=")[0]][0]
+    right = by_move[first_move(right_route(problem))][0]
     return right, [move for move, rs in by_move.items() if rs[0].value != problem.extra["target"]]
 
 
-def committed_chain(problem: Problem, rng: random.Random) -> list[Route]:
+def committed_chain(problem: Problem, rng: random.Random, by_move: dict[str, list[Route]] | None = None) -> list[Route]:
     """The committed chain's attempts: 0..WRONG_APPROACHES wrong approaches (fewer if the problem
-    has fewer), each its best route and LOCAL_TRIES more of its routes, then the right one's best."""
-    by_move = approaches(problem)
+    has fewer), each its best route and LOCAL_TRIES more of its routes, then the right one's best;
+    `by_move`: the problem's `approaches`, where the caller has them already."""
+    by_move = by_move or approaches(problem)
     right, wrong = _right_and_wrong(problem, by_move)
     given_up = rng.sample(wrong, min(rng.randint(0, WRONG_APPROACHES[problem.extra["level"]]), len(wrong)))
     chain = []
@@ -118,7 +119,8 @@ def committed_parallel_trace(problem: Problem, rng: random.Random, paths: int = 
         raise ValueError("the teacher verifies easy problems only: a hard route need not be a chain")
     if kind is None:
         kind = "verification" if easy and rng.random() < VERIFICATION_SHARE else "exploration"
-    chain, target, by_move = committed_chain(problem, rng), problem.extra["target"], approaches(problem)
+    target, by_move = problem.extra["target"], approaches(problem)
+    chain = committed_chain(problem, rng, by_move)
     right, wrong = _right_and_wrong(problem, by_move)
     if not wrong:  # every approach reaches the target ("numbers 1 1 1 target 2"): nothing to explore
         if not easy:  # a few hard ones ("1 1 2 1 target 3"): the chain, its one right attempt

@@ -210,13 +210,13 @@ CATCHES = ("redo", "back")  # the checks that say "no" to every slip of SLIPS ("
 def _pick_routes(problem: Problem, rng: random.Random, k: int) -> tuple[list[Route], Route]:
     """K routes at most: the problem's own route (the one that checks out) at a random place, the
     others random legal routes that miss the target (fewer if they are hard to find), all different."""
-    right = _right_route(problem)
+    right = right_route(problem)
     wrong = _misses(problem, rng, k - 1, avoid={right.steps})
     wrong.insert(rng.randrange(len(wrong) + 1), right)
     return wrong, right
 
 
-def _right_route(problem: Problem) -> Route:
+def right_route(problem: Problem) -> Route:
     return Route(tuple(problem.extra["steps"]), problem.extra["target"], problem.answer)
 
 
@@ -267,7 +267,7 @@ def _exploration_rounds(problem: Problem, rng: random.Random, size, distinct) ->
     wanted, sizes = attempt_count(problem, rng), []
     while sum(sizes) < wanted:
         sizes.append(size(len(sizes), wanted - sum(sizes)))
-    right, tried, rounds = _right_route(problem), set(), []
+    right, tried, rounds = right_route(problem), set(), []
     for i, n in enumerate(sizes):
         last = i == len(sizes) - 1
         avoid = tried | {right.steps} | ({distinct(right)} if last else set())
@@ -387,7 +387,7 @@ def _verification_trace(problem: Problem, rng: random.Random, schema: TagSchema,
     """The sequential teacher's attempts, then one block of `count()` CHECKS of the answer (drawn
     after the attempts), summed up by its expression, then the answer; a schema with plans names
     each check."""
-    tried, right = _sequential_attempts(problem, rng), _right_route(problem)
+    tried, right = _sequential_attempts(problem, rng), right_route(problem)
     lines = [attempt_text(r, problem.extra["target"]) for r in tried]
     lines.append(check_block(schema, pick_checks(rng, count()), right, problem, right.expression))
     return "\n".join(lines) + f"\n{FINAL} {right.expression}"
