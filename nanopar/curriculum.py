@@ -25,6 +25,7 @@ from . import NanoparError
 from .config import ScriptConfig
 
 RECIPES = ("parallel-r1", "npr")
+BASELINE = "baseline-"  # the prefix of --baseline's stages
 
 
 @dataclass
@@ -178,8 +179,8 @@ def recipe(config: TrainConfig) -> list[Stage]:
         plain = "plain" if c.instructions == "parallel" else c.instructions
         baseline = partial(stage, reward="accuracy", lr=c.lr, instructions=plain, mode="causal")
         stages += [
-            baseline("baseline-rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, start="pretrain" if base else ""),
-            baseline("baseline-rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps),
+            baseline(f"{BASELINE}rl-easy", "grpo", c.easy_data, steps=c.rl_easy_steps, start="pretrain" if base else ""),
+            baseline(f"{BASELINE}rl-hard", "grpo", c.hard_data, steps=c.rl_hard_steps),
         ]
     return skip(stages, c.skip)
 
@@ -190,6 +191,16 @@ def starting_stage(stages: list[Stage], stage: Stage) -> Stage | None:
         before = [s for s in stages[: stages.index(stage)] if s.kind != "distill"]
         return before[-1] if before else None
     return next((s for s in stages if s.name == stage.start), None) if stage.start else None
+
+
+def baseline_of(stages: list[Stage], stage: Stage) -> Stage | None:
+    """The --baseline stage with the RL budget of the recipe's GRPO stage `stage`: the recipe's GRPO
+    stages and the baseline's, paired in order from the last (rl-hard and NPR's parallel-rl with
+    baseline-rl-hard; rl-easy and format-rl with baseline-rl-easy); None for any other stage."""
+    baseline = [s for s in stages if s.name.startswith(BASELINE)]
+    recipe = [s for s in stages if s.kind == "grpo" and not s.name.startswith(BASELINE)]
+    twins = {r.name: b for r, b in zip(reversed(recipe), reversed(baseline))}
+    return twins.get(stage.name)
 
 
 def stage_folder(out: str | Path, stages: list[Stage], stage: Stage) -> Path:

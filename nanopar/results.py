@@ -4,6 +4,7 @@
       metrics.jsonl          its steps, last rewards and training seconds
       <stage>/eval.json      its held-out results, when their key is this run's (`evaluation_key`)
       <its start>/eval.json  the change over the stage it started from, problem by problem
+      <its twin>/eval.json   with --baseline: the difference from accuracy-only GRPO with its RL steps
 
 An evaluation is kept in `<stage>/eval.json` under a key of everything that decides its samples
 (`evaluation_key`); heldout.py writes it after each training stage, and a result is read here
@@ -20,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .curriculum import Stage, TrainConfig, eval_sets, given_stage, stage_folder, starting_stage
+from .curriculum import Stage, TrainConfig, baseline_of, eval_sets, given_stage, stage_folder, starting_stage
 from .data import read_jsonl
 from .evaluation import paired_difference
 from .policy import Policy
@@ -97,18 +98,31 @@ def change_over_start(config: TrainConfig, stages: list[Stage], stage: Stage, re
     results compared problem by problem (`evaluation.paired_difference`), over the sets both
     eval.json files hold. With `reward`: the held-out mean of that reward instead. {} for a stage
     that starts from the configured --model without --eval-model, or from one not evaluated."""
+    source = start_of(config, stages, stage)
+    return paired_changes(config, stages, source, stage, reward) if source is not None else {}
+
+
+def change_over_baseline(config: TrainConfig, stages: list[Stage], stage: Stage) -> dict[str, tuple[float, float]]:
+    """{data spec: (accuracy - that of its --baseline twin, standard error)}: the recipe's GRPO stage
+    against accuracy-only GRPO from the same base with the same RL steps (`curriculum.baseline_of`),
+    problem by problem, the papers' headline comparison. {} without a twin or its eval.json."""
+    twin = baseline_of(stages, stage)
+    return paired_changes(config, stages, twin, stage) if twin is not None else {}
+
+
+def paired_changes(config: TrainConfig, stages: list[Stage], before: Stage, after: Stage, reward: str | None = None
+                   ) -> dict[str, tuple[float, float]]:
+    """{data spec: (after's accuracy - before's, standard error of the per-problem differences)} over
+    the sets both stages' eval.json files hold; with `reward`, that reward's held-out mean instead."""
     def read(result: dict) -> dict | None:
         if reward is None:
             return result
         return {"per_problem": result["rewards"][reward]} if reward in result.get("rewards", {}) else None
 
-    source = start_of(config, stages, stage)
-    if source is None:
-        return {}
-    before = saved_evaluation(config, stages, source) or {}
-    after = saved_evaluation(config, stages, stage) or {}
-    pairs = {spec: paired_difference(read(before[spec]), read(after[spec])) for spec in after
-             if spec in before and read(before[spec]) is not None and read(after[spec]) is not None}
+    first = saved_evaluation(config, stages, before) or {}
+    second = saved_evaluation(config, stages, after) or {}
+    pairs = {spec: paired_difference(read(first[spec]), read(second[spec])) for spec in second
+             if spec in first and read(first[spec]) is not None and read(second[spec]) is not None}
     return {spec: pair for spec, pair in pairs.items() if pair is not None}
 
 
@@ -124,6 +138,7 @@ class StageResult:
     changes: dict  # {eval set: (accuracy - its start's, standard error)}
     own_reward: str | None = None  # a GRPO stage's reward spec (None: none, or a schedule)
     reward_changes: dict = dataclasses.field(default_factory=dict)  # {eval set: (its reward's mean - its start's, SE)}
+    baseline_changes: dict = dataclasses.field(default_factory=dict)  # {eval set: (accuracy - its --baseline twin's, SE)}
 
 
 def stage_result(config: TrainConfig, stages: list[Stage], stage: Stage) -> StageResult:
@@ -140,4 +155,5 @@ def stage_result(config: TrainConfig, stages: list[Stage], stage: Stage) -> Stag
                        seconds=sum(r["seconds"] for r in rows if r.get("event") == "done"),
                        results=results, changes=change_over_start(config, stages, stage) if results else {},
                        own_reward=reward,
-                       reward_changes=change_over_start(config, stages, stage, reward) if results and reward else {})
+                       reward_changes=change_over_start(config, stages, stage, reward) if results and reward else {},
+                       baseline_changes=change_over_baseline(config, stages, stage) if results else {})

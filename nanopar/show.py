@@ -176,6 +176,9 @@ STAGE_ROWS = [row for row in METRIC_ROWS if row.stage]  # train.py's held-out ro
 # and after "accuracy SE": accuracy minus that of the stage it started from, ± the standard error of
 # the difference taken problem by problem (points; results.change_over_start)
 CHANGE_ROW = "vs its start"
+# and after it, with --baseline: a GRPO stage's accuracy minus that of accuracy-only GRPO from the same base
+# with the same RL steps (its twin, curriculum.baseline_of), paired the same way: the papers' headline comparison
+BASELINE_ROW = "vs baseline"
 # and after it: a GRPO stage's own reward, its held-out mean (its change over its start's, paired)
 REWARD_ROW = "its reward (vs start)"
 
@@ -196,8 +199,8 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
     for _, stage in columns:
         for name, cell in _stage_column(stage).items():
             rows.setdefault(name, []).append(cell)
-    optional = {f"{set_label(spec)}: {row.stage}" for _, stage in columns for spec in stage.sets
-                for row in STAGE_ROWS if row.optional}
+    optional = {f"{set_label(spec)}: {name}" for _, stage in columns for spec in stage.sets
+                for name in [row.stage for row in STAGE_ROWS if row.optional] + [BASELINE_ROW]}
     rows = {name: cells for name, cells in rows.items() if name not in optional or set(cells) != {"-"}}
     last = list(rows)[-1] if rows and extra else None  # the extra rows are a section of their own
     for name, cells in rows.items():
@@ -211,7 +214,7 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
 
 def _stage_column(stage) -> dict[str, str]:
     """{row name: cell} of one stage: steps, mean reward of its last 5 steps, seconds, then
-    STAGE_ROWS per evaluation set (and CHANGE_ROW, REWARD_ROW after the standard error)."""
+    STAGE_ROWS per evaluation set (and CHANGE_ROW, BASELINE_ROW, REWARD_ROW after the standard error)."""
     column = {"steps": "-" if stage.steps is None else str(stage.steps),
               "reward (last 5 steps)": metric_cell(stage.reward, "number"),
               "seconds": f"{stage.seconds:.0f}"}
@@ -221,10 +224,15 @@ def _stage_column(stage) -> dict[str, str]:
             column[f"{set_label(spec)}: {row.stage}"] = metric_cell(result.get(row.key), row.kind)
             if row.key == "accuracy_se":  # then the change over the stage it started from, paired
                 change = stage.changes.get(spec)
-                column[f"{set_label(spec)}: {CHANGE_ROW}"] = (
-                    f"{100 * change[0]:+.1f} ± {100 * change[1]:.1f}" if change else "-")
+                column[f"{set_label(spec)}: {CHANGE_ROW}"] = _points(change)
+                column[f"{set_label(spec)}: {BASELINE_ROW}"] = _points(stage.baseline_changes.get(spec))
                 column[f"{set_label(spec)}: {REWARD_ROW}"] = _reward_cell(stage, spec, result)
     return column
+
+
+def _points(change: tuple[float, float] | None) -> str:
+    """A paired difference of accuracies in points, "+9.9 ± 1.4"; "-" for none."""
+    return f"{100 * change[0]:+.1f} ± {100 * change[1]:.1f}" if change else "-"
 
 
 def _reward_cell(stage, spec: str, result: dict) -> str:

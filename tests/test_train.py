@@ -16,7 +16,7 @@ import train
 from conftest import one_line, read_metrics, reward_file, text_rollout
 from nanopar import NanoparError, toy
 from nanopar.checkpoint import latest_checkpoint, save_checkpoint
-from nanopar.curriculum import recipe
+from nanopar.curriculum import baseline_of, recipe
 from nanopar.data import read_jsonl
 from nanopar.distill import Distilled
 from nanopar.format import check_parallel
@@ -684,6 +684,54 @@ def test_the_table_of_stages_shows_each_stages_change_over_the_one_it_started_fr
     assert cells("easy: vs its start") == ["-", expected("sft", "rl-easy"), expected("rl-easy", "rl-hard")]
     assert cells("easy: vs its start")[1:] == ["+25.0 ± 14.4", "+12.5 ± 12.5"]
     assert cells("hard: vs its start") == ["-", "+50.0 ± 0.0", "+0.0 ± 0.0"]  # the first 2 problems only: 0.5, 0.5
+    assert "easy: vs baseline" not in names  # no --baseline, no row
+
+
+def test_the_table_of_stages_shows_each_rl_stage_against_the_baseline_with_its_steps(tmp_path, monkeypatch):
+    """With --baseline, the "vs baseline" rows: a recipe GRPO stage's held-out accuracy minus that of
+    accuracy-only GRPO from the same base with the same RL steps (rl-easy against baseline-rl-easy,
+    rl-hard against baseline-rl-hard), paired problem by problem from the two eval.json files; "-"
+    for every other stage. NPR's GRPO stages pair the same way, by place from the last."""
+    import math
+    import statistics
+
+    monkeypatch.setattr(nanopar.model, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    config = train.resolved_config(["--out", str(tmp_path), "--pretrain-data", "", "--eval-problems", "4",
+                                    "--baseline"])[0]
+    stages = recipe(config)
+    runner = nanopar.runner.Runner(config, stages)
+    easy, hard = runner.inputs.eval_sets()
+    accuracies = {"sft": [0, 0.5, 0.5, 1], "rl-easy": [0.5, 1, 0.5, 1], "rl-hard": [0.5, 1, 1, 1],
+                  "baseline-rl-easy": [1, 0.5, 0, 1], "baseline-rl-hard": [0.5, 0.5, 1, 0]}
+    for stage in stages:
+        (runner.folder(stage) / "final").mkdir(parents=True)
+        per_problem = {f"toy/{i}": a for i, a in enumerate(accuracies[stage.name])}
+        result = {"accuracy": statistics.fmean(accuracies[stage.name]), "accuracy_se": 0.1, "per_problem": per_problem}
+        (runner.folder(stage) / "eval.json").write_text(json.dumps({"how": evaluation_key(config, stages, stage), "results": {
+            easy: result, hard: result | {"per_problem": dict(list(per_problem.items())[1:3])}}}))
+    (tmp_path / "metrics.jsonl").write_text("")
+    table = train.summary(config, stages, stages)
+    names = list(table.columns[0].cells)
+
+    def cells(row):
+        return [list(column.cells)[names.index(row)] for column in table.columns[1:]]
+
+    def expected(baseline, stage, problems=slice(0, 4)):
+        differences = [b - a for a, b in zip(accuracies[baseline][problems], accuracies[stage][problems])]
+        mean, se = statistics.fmean(differences), statistics.stdev(differences) / math.sqrt(len(differences))
+        return f"{100 * mean:+.1f} ± {100 * se:.1f}"
+
+    assert [s.name for s in stages] == ["sft", "rl-easy", "rl-hard", "baseline-rl-easy", "baseline-rl-hard"]
+    assert names.index("easy: vs baseline") == names.index("easy: vs its start") + 1
+    assert cells("easy: vs baseline") == ["-", expected("baseline-rl-easy", "rl-easy"),
+                                          expected("baseline-rl-hard", "rl-hard"), "-", "-"]
+    assert cells("easy: vs baseline")[1:3] == ["+12.5 ± 23.9", "+37.5 ± 23.9"]
+    assert cells("hard: vs baseline") == ["-", expected("baseline-rl-easy", "rl-easy", slice(1, 3)),
+                                          expected("baseline-rl-hard", "rl-hard", slice(1, 3)), "-", "-"]
+    npr = recipe(train.resolved_config(["--recipe", "npr", "--baseline", "--out", str(tmp_path / "npr")])[0])
+    assert {s.name: getattr(baseline_of(npr, s), "name", None) for s in npr} == {
+        "pretrain": None, "format-rl": "baseline-rl-easy", "rejection": None, "sft": None,
+        "parallel-rl": "baseline-rl-hard", "baseline-rl-easy": None, "baseline-rl-hard": None}
 
 
 def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(tmp_path, monkeypatch, capsys):
