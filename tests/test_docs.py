@@ -401,7 +401,8 @@ def test_the_readmes_table_is_the_results_table_and_the_shipped_bases_evaluation
     ours = markdown_table(README.read_text(), "held-out, T = 1")
     results = boxed_table(RESULTS.read_text(), "easy: accuracy ")
     rows = {f"{level}{ours_row}": f"{level}: {results_row}" for level in ("easy", "hard") for ours_row, results_row in
-            ((" accuracy", "accuracy"), (": vs its start", "vs its start"), (" parallel ratio", "parallel ratio"),
+            ((" accuracy", "accuracy"), (": vs its start", "vs its start"), (": vs baseline", "vs baseline"),
+             (" parallel ratio", "parallel ratio"),
              (" acceleration of responses with a block", "accel. with block"))}
     compared = 0
     for row, cells in ours.items():
@@ -467,3 +468,37 @@ def test_every_figure_the_readme_gives_is_in_the_docs_it_summarises():
     figures = set(re.findall(r"(?<![\w.])\d+(?:,\d{3})*\.\d+(?![\w.])", text))
     assert len(figures) > 30  # the premise
     assert not sorted(f for f in figures if f not in record)
+
+
+def test_the_seed_tables_means_are_its_rows_and_its_seed_0_is_the_documented_default_run():
+    """docs/results.md "Across seeds": each run's "mean (SD)" row is the mean and the standard
+    deviation of its seed rows, column by column (accuracies: the mean of each level), and the
+    default's seed 0 is the run of the boxed table, "vs baseline" cell for cell."""
+    text = RESULTS.read_text()
+    table = markdown_table(text, "run, seed")
+    numbers = lambda cell: [float(x) for x in re.findall(r"-?\d+\.\d+", same(cell))]
+    runs: dict[str, dict] = {}
+    for label, cells in table.items():
+        run = runs.setdefault(same(label).split(",")[0], {"seeds": [], "mean": None})
+        if "mean (SD)" in label:
+            run["mean"] = cells
+        else:
+            run["seeds"].append(cells)
+    assert set(runs) == {"default", "long", "committed"} and all(run["mean"] for run in runs.values())
+    checked = 0
+    for name, run in runs.items():
+        for column in ("final easy / hard", "baseline easy / hard"):  # two accuracies a cell, each averaged
+            for level in (0, 1):
+                mean = statistics.fmean(numbers(cells[column])[level] for cells in run["seeds"])
+                assert abs(numbers(run["mean"][column])[level] - mean) < 0.051, (name, column, level)
+                checked += 1
+        for column in ("vs baseline, easy", "vs baseline, hard", "rl-easy vs its start, easy"):  # "x ± se" a seed
+            values = [numbers(cells[column])[0] for cells in run["seeds"]]
+            mean, sd = numbers(run["mean"][column])
+            assert abs(mean - statistics.fmean(values)) < 0.051 and abs(sd - statistics.stdev(values)) < 0.051, (name, column)
+            checked += 1
+    assert checked == 3 * 7
+    boxed = boxed_table(text, "easy: accuracy ")
+    seed_0 = table["default, 0"]
+    assert same(seed_0["vs baseline, easy"]) == same(boxed["easy: vs baseline"]["rl-hard"])
+    assert same(seed_0["vs baseline, hard"]) == same(boxed["hard: vs baseline"]["rl-hard"])
