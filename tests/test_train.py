@@ -284,9 +284,9 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
         assert list(results) == ["toy:easy:heldout", "toy:hard:heldout"]
         assert all(r["problems"] == 2 and r["samples"] == 2 and len(r["per_problem"]) == 2 for r in results.values())
     assert not any("per_problem" in result for r in log if r.get("event") == "eval" for result in r["results"].values())
-    table = train.summary(config, stages, stages)  # STAGE_ROWS, "vs its start" and "its reward" per set
+    table = train.summary(config, stages, stages)  # STAGE_ROWS, "vs its start", "vs baseline" and "its reward" per set
     shown = [row for row in STAGE_ROWS if not row.optional]  # the toy's sets hold no reference traces
-    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * (len(shown) + 2)
+    assert [c.header for c in table.columns] == ["", *names] and table.row_count == 3 + 2 * (len(shown) + 3)
     rows = list(table.columns[0].cells)
     hard = json.loads((tmp_path / "4-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
     start = json.loads((tmp_path / "3-rl-easy" / "eval.json").read_text())["results"]["toy:hard:heldout"]
@@ -303,6 +303,11 @@ def test_the_baseline_starts_from_the_base_and_every_stage_is_evaluated(tmp_path
 
     assert hard["reward_means"]["format"] == pytest.approx(statistics.fmean(hard["rewards"]["format"].values()))
     assert list(table.columns[4].cells)[reward_row] == reward_cell(hard["rewards"]["format"], start["rewards"]["format"])
+    # rl-hard against the baseline's rl-hard, the same way, from that stage's eval.json on the same problems
+    twin = json.loads((tmp_path / "6-baseline-rl-hard" / "eval.json").read_text())["results"]["toy:hard:heldout"]
+    gap = [hard["per_problem"][k] - twin["per_problem"][k] for k in sorted(hard["per_problem"])]
+    assert list(table.columns[4].cells)[rows.index("hard: vs baseline")] == \
+        f"{100 * statistics.fmean(gap):+.1f} ± {100 * statistics.stdev(gap) / len(gap) ** 0.5:.1f}"
     assert list(table.columns[2].cells)[reward_row] == "-"  # sft trains on no reward
     # the tiny run changes no hard problem's reward: give rl-hard's evaluation known, unequal ones
     # (its key kept, so the table reads them) and check the paired change's sign and size by hand
