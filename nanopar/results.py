@@ -92,37 +92,40 @@ def start_of(config: TrainConfig, stages: list[Stage], stage: Stage) -> Stage | 
     return source
 
 
-def change_over_start(config: TrainConfig, stages: list[Stage], stage: Stage, reward: str | None = None
-                      ) -> dict[str, tuple[float, float]]:
-    """{data spec: (accuracy - that of the stage it started from, standard error)}: held-out
-    results compared problem by problem (`evaluation.paired_difference`), over the sets both
-    eval.json files hold. With `reward`: the held-out mean of that reward instead. {} for a stage
-    that starts from the configured --model without --eval-model, or from one not evaluated."""
+def change_over_start(config: TrainConfig, stages: list[Stage], stage: Stage, results: dict,
+                      reward: str | None = None) -> dict[str, tuple[float, float]]:
+    """{data spec: (accuracy - that of the stage it started from, standard error)}: the stage's
+    held-out `results` (its `saved_evaluation`) and its start's compared problem by problem
+    (`evaluation.paired_difference`), over the sets both hold. With `reward`: the held-out mean of
+    that reward instead. {} for a stage that starts from the configured --model without
+    --eval-model, or from one not evaluated."""
     source = start_of(config, stages, stage)
-    return paired_changes(config, stages, source, stage, reward) if source is not None else {}
+    return paired_changes(config, stages, source, results, reward) if source is not None else {}
 
 
-def change_over_baseline(config: TrainConfig, stages: list[Stage], stage: Stage) -> dict[str, tuple[float, float]]:
+def change_over_baseline(config: TrainConfig, stages: list[Stage], stage: Stage, results: dict
+                         ) -> dict[str, tuple[float, float]]:
     """{data spec: (accuracy - that of its --baseline twin, standard error)}: the recipe's GRPO stage
-    against accuracy-only GRPO from the same base with the same RL steps (`curriculum.baseline_of`),
-    problem by problem, the papers' headline comparison. {} without a twin or its eval.json."""
+    (its held-out `results`) against accuracy-only GRPO from the same base with the same RL steps
+    (`curriculum.baseline_of`), problem by problem, the papers' headline comparison. {} without a
+    twin or its eval.json."""
     twin = baseline_of(stages, stage)
-    return paired_changes(config, stages, twin, stage) if twin is not None else {}
+    return paired_changes(config, stages, twin, results) if twin is not None else {}
 
 
-def paired_changes(config: TrainConfig, stages: list[Stage], before: Stage, after: Stage, reward: str | None = None
+def paired_changes(config: TrainConfig, stages: list[Stage], before: Stage, after: dict, reward: str | None = None
                    ) -> dict[str, tuple[float, float]]:
-    """{data spec: (after's accuracy - before's, standard error of the per-problem differences)} over
-    the sets both stages' eval.json files hold; with `reward`, that reward's held-out mean instead."""
+    """{data spec: (accuracy in `after`, a stage's saved evaluation, - that of stage `before`,
+    standard error of the per-problem differences)} over the sets both hold; with `reward`, that
+    reward's held-out mean instead."""
     def read(result: dict) -> dict | None:
         if reward is None:
             return result
         return {"per_problem": result["rewards"][reward]} if reward in result.get("rewards", {}) else None
 
     first = saved_evaluation(config, stages, before) or {}
-    second = saved_evaluation(config, stages, after) or {}
-    pairs = {spec: paired_difference(read(first[spec]), read(second[spec])) for spec in second
-             if spec in first and read(first[spec]) is not None and read(second[spec]) is not None}
+    pairs = {spec: paired_difference(read(first[spec]), read(after[spec])) for spec in after
+             if spec in first and read(first[spec]) is not None and read(after[spec]) is not None}
     return {spec: pair for spec, pair in pairs.items() if pair is not None}
 
 
@@ -153,7 +156,7 @@ def stage_result(config: TrainConfig, stages: list[Stage], stage: Stage) -> Stag
                        steps=steps[-1]["step"] if steps else None,
                        reward=sum(rewards) / len(rewards) if rewards else None,
                        seconds=sum(r["seconds"] for r in rows if r.get("event") == "done"),
-                       results=results, changes=change_over_start(config, stages, stage) if results else {},
+                       results=results, changes=change_over_start(config, stages, stage, results) if results else {},
                        own_reward=reward,
-                       reward_changes=change_over_start(config, stages, stage, reward) if results and reward else {},
-                       baseline_changes=change_over_baseline(config, stages, stage) if results else {})
+                       reward_changes=change_over_start(config, stages, stage, results, reward) if results and reward else {},
+                       baseline_changes=change_over_baseline(config, stages, stage, results) if results else {})
