@@ -25,6 +25,12 @@ from pathlib import Path
 # start: more OpenMP threads than cores, whose spin-waiting runs 10-20x slower when the cores are
 # taken. Set before torch loads; the scripts' processes inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# glibc hands a freed block over 32 MB back to the kernel, and the next such block is new memory
+# that the kernel zeroes page by page: on the project's CPU machine (a VM) a real checkpoint's
+# tests spent about as much time there (system CPU) as computing. The workers, which start after
+# this file loads in the main process, inherit this and keep freed memory for reuse (as do the
+# scripts they start); `-n 0` runs without it (docs/measurements.md, "The test suite").
+os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736")
 # Under two or more workers, one thread each (and in the scripts they start): two workers of
 # torch's default two threads put four on a 2-core machine (docs/measurements.md, "The test suite").
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:

@@ -18,7 +18,6 @@ printed with the load average (`pytest -n 0 -s`); docs/measurements.md records w
 project's CPU.
 """
 
-import copy
 import importlib.util
 import json
 import os
@@ -398,7 +397,7 @@ def lora_model(folder: str):
 class Forked(dict):
     """{"model": the float32 LoRA model, "tokenizer": its tokenizer, mode: (rollouts, policy)}:
     a mode's rollouts (`sample_forked`), sampled when first read. Never trained: a test that
-    trains takes a copy."""
+    trains loads its own (`lora_model`: the same policy)."""
 
     def __missing__(self, mode: str):
         self[mode] = sample_forked(self["model"], self["tokenizer"], mode)
@@ -515,12 +514,16 @@ def test_past_a_sliding_window_the_trainer_reads_as_the_model_does_and_the_sampl
 
 @pytest.fixture(scope="module")
 def stepped(real, forked):
-    """One GRPO step on `forked`'s structured rollouts, taken by a copy of the policy that sampled
-    them (in one micro-batch: the tiny models' tests split them). -> {"model": the trained copy,
-    "optimizer", "metrics": the step's, "before": every parameter before it}"""
-    model, tokenizer = copy.deepcopy(forked["model"]), forked["tokenizer"]
+    """One GRPO step on `forked`'s structured rollouts, taken by a second load of the policy that
+    sampled them (`lora_model` is seeded; the step's log-prob gap shows it is the same policy), in
+    one micro-batch (the tiny models' tests split them). -> {"model": the trained one, "optimizer",
+    "metrics": the step's, "before": every parameter before it, `forked`'s never-trained model's}.
+    A second load, not a copy: its weights map the converted file, where a deep copy and a clone
+    of every parameter wrote twice the model in new memory (2 x 2 GB for the Qwen: most of the
+    fixture's time)."""
+    model, tokenizer = lora_model(real.folder)
     rollouts, policy = forked["structured"]
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    before = dict(forked["model"].named_parameters())
     optimizer, _ = make_optimizer(model, lr=1e-3)
     advantages = torch.tensor([1.0, -1.0, -1.0, 1.0])  # [4]: two prompts, two samples each
     started = clock()
