@@ -245,21 +245,35 @@ def real(request, tmp_path_factory) -> RealCheckpoint:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
-    """The tests of one real checkpoint run together (each converted once, its `forked` sampled
-    once): pytest groups a session fixture's tests by the index of its parameter, which the
-    reduced set's own parametrisations (test_real_checkpoint.reduced) number differently. They
-    go first, the longest group first, so that under two workers the last group to start is a
-    short file's and not a real checkpoint's (the suite took 12 min 22 s with Qwen's at the end).
-    Every other test keeps its order.
-
-    Under pytest-xdist (`--dist loadgroup`) each group runs in one worker: a real checkpoint's
-    tests (its conversion is made once per worker), else a file's tests (its module fixtures)."""
-    order = [QWEN05, GEMMA3, SMOLLM2]  # the longest groups first: a worker starts each at once, the rest fill in
-    real = sorted((item for item in items if _real_of(item) is not None), key=lambda item: order.index(_real_of(item)))
-    items[:] = real + [item for item in items if _real_of(item) is None]
+    """Under pytest-xdist (`--dist loadgroup`) each group runs in one worker: a real checkpoint's
+    tests (its conversion is made once per worker), else a file's tests (its module fixtures).
+    A real checkpoint's tests are grouped by the checkpoint: pytest groups a session fixture's
+    tests by the index of its parameter, which the reduced set's own parametrisations
+    (test_real_checkpoint.reduced) number differently."""
     for item in items:
         real = _real_of(item)
         item.add_marker(pytest.mark.xdist_group(f"real-{real.name}" if real else item.nodeid.split("::")[0]))
+
+
+class RealCheckpointsFirst:
+    """The order the tests run in, set after pytest's own (which keeps a module fixture's tests
+    together). The real checkpoints' groups go first, the longest first, so that under two
+    workers the last group to start is a short file's and not a real checkpoint's (the suite took
+    12 min 22 s with Qwen's at the end). Within a group the tests that load their own model run
+    before those of the shared `forked` model (test_real_checkpoint.py), so that the models of the
+    first are freed, and their memory reused, before `forked` holds one for the rest of the
+    group. Every other test keeps its order."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        order = [QWEN05, GEMMA3, SMOLLM2]  # the longest groups first: a worker starts each at once, the rest fill in
+        real = sorted((item for item in items if _real_of(item) is not None),
+                      key=lambda item: (order.index(_real_of(item)), "forked" in item.fixturenames))
+        items[:] = real + [item for item in items if _real_of(item) is None]
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(RealCheckpointsFirst())
 
 
 def _real_of(item) -> RealCheckpoint | None:
