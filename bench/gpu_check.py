@@ -48,7 +48,7 @@ from nanopar.config import parse_config
 from nanopar.data import load_problems
 from nanopar.defaults import flags_given
 from nanopar.grpo import GRPOSettings, group_advantages, grpo_update
-from nanopar.model import ModelSettings, load_model, tag_rows_written
+from nanopar.model import ModelSettings, load_model
 from nanopar.optim import make_optimizer
 from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, instructions_named, stop_ids
@@ -159,10 +159,9 @@ def generate(model, prompts, config: CheckConfig, pad: int):
     T = max(map(len, prompts))
     ids = torch.tensor([[pad] * (T - len(p)) + p for p in prompts], device=model.device)  # [B, T]
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], device=model.device)  # [B, T]
-    with tag_rows_written(model):  # as the sampler: peft would rebuild the embedding at every token
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=config.new_tokens, min_new_tokens=config.new_tokens,
-                             num_return_sequences=config.samples, pad_token_id=pad)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                         max_new_tokens=config.new_tokens, min_new_tokens=config.new_tokens,
+                         num_return_sequences=config.samples, pad_token_id=pad)
     return out.shape[0] * (out.shape[1] - T)  # tokens generated
 
 

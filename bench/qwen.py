@@ -14,9 +14,8 @@ instructions, else float32). The prompts are GSM8K questions with Qwen's one-lin
 (`instructions_named("answer")`, the qwen preset's), in the chat template.
  1. sampler: nanopar's sampler against `model.generate` at --lanes lanes (the first GSM8K test
     questions), T = 1, no tags, exactly --new-tokens tokens a lane (the sampler gets no stop ids,
-    generate min_new_tokens = max_new_tokens). generate also runs with the tag rows written into
-    the embedding (`tag_rows_written`, as the sampler runs), so the race is the decode loop, not
-    peft's. tokens/s, ratio, ms a decode step (wall / tokens a lane, the prefill included).
+    generate min_new_tokens = max_new_tokens). Both read the tag rows row by row (tag_rows.py), so
+    the race is the decode loop. tokens/s, ratio, ms a decode step (wall / tokens a lane, the prefill included).
  2. fork: eval.py's speedup (`eval_report.speedup`, its --speedup-batches 1): the same prompts
     decoded forking (structured, --paths paths) against the tags read as text, at --fork-lanes
     lanes of distinct questions whose prompts have one length. The real Qwen writes no block, so
@@ -65,7 +64,7 @@ from nanopar.data import load_problems, load_traces  # noqa: E402
 from nanopar.defaults import REAL_SAMPLING, cpu_dtype, on_cpu  # noqa: E402
 from nanopar.eval_report import speedup  # noqa: E402
 from nanopar.grpo import GRPOSettings, grpo_step  # noqa: E402
-from nanopar.model import ModelSettings, cpu_bf16_instructions, load_model, tag_rows_written  # noqa: E402
+from nanopar.model import ModelSettings, cpu_bf16_instructions, load_model  # noqa: E402
 from nanopar.optim import make_optimizer  # noqa: E402
 from nanopar.policy import Policy  # noqa: E402
 from nanopar.prompts import build_prompt, instructions_named, stop_ids  # noqa: E402
@@ -120,10 +119,9 @@ def generate(model, prompts: list[list[int]], pad: int, tokens: int, eos: list[i
     ids = torch.tensor([[pad] * (T - len(p)) + p for p in prompts], device=model.device)  # [N, T], left-padded
     starts = torch.tensor([[T - len(p)] for p in prompts], device=model.device)  # [N, 1]
     mask = (torch.arange(T, device=model.device) >= starts).long()  # [N, T]: 0 on the padding
-    with tag_rows_written(model):
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                             top_p=1.0, max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=eos,
-                             pad_token_id=pad)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                         top_p=1.0, max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=eos,
+                         pad_token_id=pad)
     return out[:, T:]  # [N, tokens]
 
 

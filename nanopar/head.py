@@ -52,7 +52,8 @@ def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Mo
     gradient) the entropy there; `chunk` positions at a time (None: as many as fit in CHUNK_BYTES
     of float32 logits). hidden [n, d], targets [n] -> (log-probs [n] float32, entropy [n] or None)"""
     if chunk is None:
-        chunk = max(1, CHUNK_BYTES // (4 * (vocab_size or head.weight.shape[0])))
+        rows = vocab_size or next(head.parameters()).shape[0]  # not `.weight`: a peft wrapper builds it anew
+        chunk = max(1, CHUNK_BYTES // (4 * rows))
     if chunk < 1:
         raise NanoparError(f"positions per chunk must be >= 1, not {chunk}")
     params = [p for p in head.parameters() if p.requires_grad]

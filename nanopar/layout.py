@@ -55,7 +55,8 @@ class Layout:
 def mask_dtype(model) -> torch.dtype:
     """The dtype a model's additive masks take: its compute dtype (float32 under 4-bit, whose
     embedding stays in the compute dtype; float32 if the embedding is not a float tensor)."""
-    dtype = model.get_input_embeddings().weight.dtype
+    # its first parameter, not `.weight`: for peft's trainable-token wrapper that builds a new [V, d] matrix
+    dtype = next(model.get_input_embeddings().parameters()).dtype
     return dtype if dtype.is_floating_point else torch.float32
 
 

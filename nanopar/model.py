@@ -6,8 +6,8 @@
     folder holding a LoRA adapter (its base model is loaded first, then the adapter), a GGUF
     file (`gguf_folder`: de-quantised once into a model folder next to it), or a name built
     from code ("tiny:qwen3"; "toy:model" through `data.SOURCES`), the tags added as tokens;
-  - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows;
-  - `tag_rows_written`: those rows written into the embedding while the sampler runs;
+  - `apply_lora`: LoRA on the attention + MLP projections, plus trainable tag rows (read row
+    by row: tag_rows.py);
   - `save_checkpoint_model` and `disable_bnb_cpu_repack`.
 Not here: 8-bit loading, multi-GPU device maps, merging adapters into the base, adapters stored
 on the hub (a checkpoint is a local folder), other PEFT methods (DoRA, ...), the trainer state
@@ -156,10 +156,13 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     if adapter_folder is not None:
         from peft import PeftModel
 
+        from .tag_rows import use_rowwise_tag_rows
+
         tokenizer = AutoTokenizer.from_pretrained(adapter_folder)  # the checkpoint's own tokenizer
         if TagIds.from_tokenizer(tokenizer, schema) != tag_ids:
             raise NanoparError(f"checkpoint {adapter_folder!r}: its tag ids differ from its base's")
         model = PeftModel.from_pretrained(model, adapter_folder, is_trainable=settings.lora)
+        use_rowwise_tag_rows(model)
     elif settings.lora:
         model = apply_lora(model, settings, tag_ids)
     return model.eval(), tokenizer
@@ -393,6 +396,8 @@ def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
     """
     from peft import LoraConfig, get_peft_model
 
+    from .tag_rows import use_rowwise_tag_rows
+
     trainable = None
     if settings.train_tag_embeddings:
         ids = list(tag_ids.all())
@@ -410,33 +415,9 @@ def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
         task_type="CAUSAL_LM",
         trainable_token_indices=trainable,
     )
-    return get_peft_model(model, config)
-
-
-@contextlib.contextmanager
-def tag_rows_written(model):
-    """While the block runs, the trainable tag rows (`apply_lora`) are written into the embedding
-    matrix they belong to (peft's `merge` of each TrainableTokensLayer); undone after. For the
-    sampler, which runs without gradients: a merged layer passes no gradient to its rows.
-
-    Unmerged, peft rebuilds the whole matrix with the rows in on every forward (an `index_copy` of
-    [V, d], for the input embedding and again for a tied head): on Gemma-3's 262,208 x 640 rows,
-    1.3 GB written per decoded token, and a forked sampling call of 120 tokens took 29.5 s instead
-    of 11.0 s (SmolLM2-135M: 10.0 s, 5.6 s). Written in once, the forward reads the very same
-    values: the same logits, bit for bit (tests/test_model.py). Other models are left alone.
-    """
-    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
-
-    layers = [m for m in model.modules() if isinstance(m, TrainableTokensLayer)
-              and not m.merged and not m.disable_adapters]
-    try:
-        for layer in layers:
-            layer.merge()
-        yield model
-    finally:
-        for layer in reversed(layers):
-            if layer.merged:  # a forward with the adapter disabled unmerges by itself
-                layer.unmerge()
+    model = get_peft_model(model, config)
+    use_rowwise_tag_rows(model)  # the same values without peft's [V, d] copy per forward
+    return model
 
 
 def save_checkpoint_model(model, tokenizer, folder: str) -> None:

@@ -35,7 +35,6 @@ from transformers import DynamicCache
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
-from .model import tag_rows_written
 from .policy import Policy, draw
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -195,8 +194,7 @@ def sample(
         generator = torch.Generator(device=model.device).manual_seed(settings.seed)
     decoder = _Decoder(model, policy, settings, set(eos_ids), generator, lane_cache)
     try:
-        with tag_rows_written(model):  # peft would copy the whole embedding matrix at every token
-            rollouts = decoder.run(prompts, samples_per_prompt)
+        rollouts = decoder.run(prompts, samples_per_prompt)
     finally:
         model.train(was_training)
     wall = time.perf_counter() - started

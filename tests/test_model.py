@@ -21,8 +21,6 @@ from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder
 from nanopar import NanoparError
 from nanopar import model as nm
 from nanopar.model import ModelSettings, apply_lora, load_model, save_checkpoint_model
-from nanopar.policy import Policy
-from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import PARALLEL_R1, TagIds, add_tag_tokens
 from nanopar.tiny import tiny_qwen_model
 
@@ -214,40 +212,6 @@ def test_the_tag_rows_learn_at_their_own_rate():
             moved = (p.detach() - before[n])[grads[n].abs() > 1e-5].abs()  # (Adam's eps bends tinier ones)
             expected = lr * (scale if "trainable_tokens" in n else 1.0)
             assert moved.numel() and torch.allclose(moved, torch.full_like(moved, expected), rtol=1e-2), n
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_the_sampler_reads_the_tag_rows_written_in_and_training_finds_them_out_again(tied):
-    """`tag_rows_written` (what `sample` runs under): the same logits, peft's per-forward copy of
-    the embedding matrix skipped; after it, even after an error, the rows train again."""
-    tokenizer = word_tokenizer()
-    model = tiny_qwen_model(vocab_size=64, tie_word_embeddings=tied)
-    tag_ids = add_tag_tokens(tokenizer, model)
-    model = apply_lora(model, ModelSettings("tiny", lora=True), tag_ids)
-    layers = [m for m in model.modules() if type(m).__name__ == "TrainableTokensLayer"]
-    assert len(layers) == 2  # the input embedding and the head (tied: sharing one [6, d] parameter)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "trainable_tokens_delta" in n:  # trained rows, so that written and not written differ
-                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
-    ids = torch.tensor([tokenizer.encode(WORD_TEXT)])  # [1, T] with tags
-    weights = {id(w): w.detach().clone() for w in (l.base_layer.weight for l in layers)}
-    with torch.no_grad():
-        plain = model(ids).logits  # [1, T, V]
-        with nm.tag_rows_written(model):
-            assert all(layer.merged for layer in layers)
-            written = model(ids).logits
-        with pytest.raises(KeyboardInterrupt), nm.tag_rows_written(model):
-            raise KeyboardInterrupt
-    assert torch.equal(written, plain) and not any(layer.merged for layer in layers)
-    assert all(torch.equal(layer.base_layer.weight, weights[id(layer.base_layer.weight)]) for layer in layers)
-    grads = lora_grads(model, ids)
-    assert all(g.abs().sum() > 0 for n, g in grads.items() if "trainable_tokens_delta" in n)
-
-    merged_at_each_forward = []
-    model.register_forward_pre_hook(lambda module, args: merged_at_each_forward.append(layers[0].merged))
-    sample(model, [ids[0, :4].tolist()], Policy.for_tokenizer(tokenizer), SamplerSettings(max_new_tokens=4, seed=0), [])
-    assert merged_at_each_forward and all(merged_at_each_forward) and not layers[0].merged
 
 
 # ---------------------------------------------------------------- 4-bit + LoRA on CPU
