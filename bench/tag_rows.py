@@ -1,7 +1,7 @@
 """Benchmark the trainable tag rows' forward: peft's, which builds a new [V, d] matrix per forward,
 against nanopar's row-wise one (nanopar/tag_rows.py), on two real models' shapes.
 
-    python bench/tag_rows.py                 # about 3 minutes on a 2-core CPU
+    python bench/tag_rows.py                 # about 6 minutes on a 2-core CPU
     python bench/tag_rows.py --quick         # 2 layers, one repeat: a smoke run
     python bench/tag_rows.py --help          # every flag (TagRowsConfig)
 

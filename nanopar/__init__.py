@@ -12,6 +12,7 @@ Reading order, from the trace to the run (the README's file tree says one line p
   grpo.py      `grpo_step`: sample -> reward -> drop invalid -> group advantages -> update
   sft.py       cold-start / self-distillation fine-tuning on traces
   rewards.py, grading.py, data.py, prompts.py, model.py   what a step scores, reads and loads
+               (tag_rows.py: the trainable tag rows read row by row, beside peft's copy of the matrix)
   curriculum.py  the stage recipes (distill.py: a stage that samples and keeps the traces worth training on)
   defaults.py  `resolve`: the one road from flags to a run's values (preset, real model, placeholders)
   runner.py    the stage loop (run_inputs.py: what a run reads; heldout.py: held-out evaluation)
