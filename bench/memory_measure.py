@@ -18,7 +18,7 @@ tag rows (`apply_lora`). Only 2 and 4 decoder layers are built: the per-layer sl
   KV cache      bytes per token per layer of a filled cache (= 2 x kv_heads x head_dim x bytes)
   decode step   one sampler step over a filled cache (every lane fed a token with the padding
                 mask, then `draw` at temperature 1 with a ban mask), in its phases measured apart:
-                the embedding lookup (peft merges the tag rows into a full copy of the matrix), the
+                the embedding lookup (the tag rows read row by row: nanopar/tag_rows.py), the
                 layers (at two widths: a layer's new K/V while the old exist), the output embedding
                 + draw (at two row counts: [N, V] float32 buffers)
   activations   forward + backward of the decoder layers (from the embedding's output; the layout
@@ -29,7 +29,8 @@ tag rows (`apply_lora`). Only 2 and 4 decoder layers are built: the per-layer sl
                 the model's head from `decoder_and_head`, with the entropy, forward + backward) over
                 two chunks of the library's default chunk (221 positions on Qwen's vocabulary) and
                 of twice it: a line between them
-  embedding     the input embedding's forward + backward alone (a merged copy, a dense [V, d] gradient)
+  embedding     the input embedding's forward + backward alone (row by row: no [V, d] copy or gradient,
+                which peft's own forward of the tag rows makes)
 
 Each is a peak rise of the resident set (bench/common.py; glibc's mmap threshold fixed at 64 KiB
 so that freed tensors leave the resident set as they leave a GPU allocator), or tensor bytes where
@@ -236,9 +237,9 @@ def activation_rise(model, tags, tokens: int, rows: int = 1, census: bool = Fals
 
 
 def embedding_rise(model, tags, tokens: int, train: bool) -> int:
-    """Peak rise of the input embedding alone: peft's tag-row wrapper merges the six rows into a
-    full copy of the [V, d] matrix in every forward; in backward the gradient of that matrix is
-    dense. Forward only (no grad) when not `train`."""
+    """Peak rise of the input embedding alone, its tag rows read row by row (nanopar/tag_rows.py;
+    peft's own forward would copy the whole [V, d] matrix and make a dense [V, d] gradient).
+    Forward only (no grad) when not `train`."""
     ids = torch.randint(0, tags.block_open, (1, tokens), generator=torch.Generator().manual_seed(0))
     embed = decoder_of(model).embed_tokens
 
@@ -256,7 +257,7 @@ def chunked_read(model, tags, hidden: torch.Tensor, chunk: int, vocab: int, entr
     """The training read from the final hidden states [b, T, d], as `forward.trace_logprobs` does
     it: the positions gathered into [n, d] (n = b x (T - 1)), then the library's
     `head.head_logprobs` with the model's own head (`decoder_and_head`: the tied output embedding,
-    peft's tag-row wrapper around it), `chunk` positions at a time (0 = all n in one chunk), the
+    peft's tag-row wrapper around it, read row by row), `chunk` positions at a time (0 = all n in one chunk), the
     no-grad entropy with it (`with_entropy`). -> a loss to call backward on"""
     from nanopar.head import decoder_and_head, head_logprobs
 

@@ -17,7 +17,8 @@ weights, LoRA and AdamW are linear in the depth; the KV cache is bytes per token
 rows the sampler holds (B x G x K: every response inside a K-path block, the bound) x the longest
 row; the decode step is its largest phase; activations are per row, linear in T but for the T x T
 mask; the logits chunk is head.py's chunk (or, `--chunk-tokens 0`, the plain read's full logits);
-the embedding's dense gradient comes after the layers' activations are freed, so a max. Not in
+the embedding's backward comes after the layers' activations are freed, so a max (with the tag
+rows read row by row, nanopar/tag_rows.py, the embedding's share is small). Not in
 the plan: the CUDA context and cuBLAS workspace, the caching allocator's fragmentation (the
 recommendations allow 1 GiB + 10% for both), a KL reference (one more copy of the LoRA
 parameters), attention kernels that differ between CPU and GPU.
@@ -114,7 +115,7 @@ def predict(model_name: str, prompts: int = 8, samples: int = 8, new_tokens: int
                kv_cache_no_fork=kv * rows_no_fork, decode_step=decode, activations=activations, logits_chunk=logits)
     out = {k: int(v) for k, v in out.items()}
     out["sampling_peak"] = out["weights"] + out["lora"] + out["adam"] + out["kv_cache"] + out["decode_step"]
-    # the embedding's backward (a dense [V, d] gradient) comes after the layers' activations are freed
+    # the embedding's backward comes after the layers' activations are freed
     out["training_peak"] = (out["weights"] + out["lora"] + out["adam"] + out["grads"]
                             + max(out["activations"] + out["logits_chunk"], int(c["embedding_train"])))
     return out
@@ -123,8 +124,7 @@ def predict(model_name: str, prompts: int = 8, samples: int = 8, new_tokens: int
 def chunk_peak(c: dict, tokens: int) -> float:
     """A logits chunk's peak (`head_logprobs`, `tokens` positions per chunk): the line through the
     two measured sizes between them and below (floored at 0), proportional to the largest above
-    it (conservative: the intercept, the head's merged [V, d] copy and its [V, d] gradient in a
-    chunk's backward, does not grow with the chunk)."""
+    it (conservative: that scales the intercept too, which does not grow with the chunk)."""
     at = c["chunk"]["at"]
     largest = max(at)
     if tokens >= largest:
@@ -133,8 +133,8 @@ def chunk_peak(c: dict, tokens: int) -> float:
 
 
 def decode_peak(c: dict, rows: int, width: int) -> float:
-    """A decode step's peak over the cache: the largest of its phases (the embedding lookup's
-    merged matrix, the layers' per-layer K/V copies, the output embedding + draw)."""
+    """A decode step's peak over the cache: the largest of its phases (the embedding lookup, the
+    layers' per-layer K/V copies, the output embedding + draw)."""
     d = c["decode"]
     return max(c["embedding_forward"], rows * (d["per_row"] + d["per_row_column"] * width),
                d["head_const"] + rows * d["head_per_row"])
@@ -285,7 +285,7 @@ def print_tables(console, args: PlanConfig, names, coefficients, T, checks):
         (f"  {CHUNKS[0]} positions without the entropy", lambda x: mb(x["chunk"]["no_entropy_at_default"]),
          "with_entropy=False"),
         ("embedding: forward / forward + backward",
-         lambda x: f"{mb(x['embedding_forward'])} / {mb(x['embedding_train'])}", "merged [V, d] copy; dense grad"),
+         lambda x: f"{mb(x['embedding_forward'])} / {mb(x['embedding_train'])}", "RSS, tag rows row by row"),
         ("decode layers: per row + per row x 1k columns",
          lambda x: f"{x['decode']['per_row'] / MiB:.2f} + {1000 * x['decode']['per_row_column'] / MiB:.2f}",
          "RSS, 2 widths"),
