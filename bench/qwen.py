@@ -15,7 +15,8 @@ instructions, else float32). The prompts are GSM8K questions with Qwen's one-lin
  1. sampler: nanopar's sampler against `model.generate` at --lanes lanes (the first GSM8K test
     questions), T = 1, no tags, exactly --new-tokens tokens a lane (the sampler gets no stop ids,
     generate min_new_tokens = max_new_tokens). Both read the tag rows row by row (tag_rows.py), so
-    the race is the decode loop. tokens/s, ratio, ms a decode step (wall / tokens a lane, the prefill included).
+    the race is the decode loop. tokens/s, ratio, ms a decode step (wall / tokens a lane, the
+    prefill included).
  2. fork: eval.py's speedup (`eval_report.speedup`, its --speedup-batches 1): the same prompts
     decoded forking (structured, --paths paths) against the tags read as text, at --fork-lanes
     lanes of distinct questions whose prompts have one length. The real Qwen writes no block, so

@@ -389,9 +389,10 @@ def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
     parameter (6 rows for Parallel-R1's tags, 9 for NPR's) with the current values of those rows,
     so only they train and the adapter file stores only them (as of peft 0.21.2). peft's forward
     writes them into a new copy of the whole matrix every time; `use_rowwise_tag_rows` gives the
-    layers a forward that reads them row by row (tag_rows.py), the same values. With tied embeddings (Qwen2.5-0.5B, Qwen3-0.6B) a
-    plain list wraps embed_tokens and peft wraps lm_head with a *tied* adapter sharing the same
-    [n_tags, d] parameter, so input and output rows stay one tensor.
+    layers a forward that reads them row by row (tag_rows.py), the same values.
+    With tied embeddings (Qwen2.5-0.5B, Qwen3-0.6B) a plain list wraps embed_tokens and peft wraps
+    lm_head with a *tied* adapter sharing the same [n_tags, d] parameter, so input and output rows
+    stay one tensor.
     With untied embeddings a list would train only the input rows, so we name both matrices.
     `modules_to_save=["embed_tokens"]` would instead train and save the whole 151,936 x d matrix.
     """
