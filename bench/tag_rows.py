@@ -32,10 +32,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
+from common import PAD
 from nanopar.config import parse_config
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.model import ModelSettings, apply_lora
@@ -44,9 +46,6 @@ from nanopar.sampler import SamplerSettings, sample
 from nanopar.tag_rows import RowwiseTagRows
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
-from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
-
-PAD = 0
 
 
 @dataclass
@@ -74,8 +73,6 @@ def gemma_shape(layers: int):
 
 
 SHAPES = {"Qwen2.5-0.5B": qwen_shape, "Gemma-3 270M": gemma_shape}
-
-
 
 
 @contextlib.contextmanager

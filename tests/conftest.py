@@ -134,6 +134,15 @@ def load_char_model(folder, **settings):
     return load_model(ModelSettings(str(folder), **settings))
 
 
+def perturb_trainable(model, seed: int = 0, scale: float = 0.05) -> None:
+    """Add seeded noise to every trainable parameter (LoRA B starts at zero, so grads of A would be 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(scale * torch.randn(p.shape, generator=generator))
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, vocab_size: int | None):
     """The policy log-prob of each token, read independently of the trainer's forward.
     logits [..., V], tokens [...] -> [...]."""

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder
+from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder, perturb_trainable
 from nanopar import NanoparError
 from nanopar import model as nm
 from nanopar.model import ModelSettings, apply_lora, load_model, save_checkpoint_model
@@ -64,15 +64,6 @@ def word_folder(tmp_path_factory):
     tiny_qwen_model(vocab_size=len(WORDS), hidden_size=64, tie_word_embeddings=False).save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
     return str(folder)
-
-
-def perturb_trainable(model, seed: int = 0, scale: float = 0.05) -> None:
-    """Add seeded noise to every trainable parameter (LoRA B starts at zero, so grads of A would be 0)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(scale * torch.randn(p.shape, generator=generator))
 
 
 def lora_grads(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ import torch
 from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
+from conftest import PAD, perturb_trainable
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.model import ModelSettings, apply_lora, load_model, save_checkpoint_model
 from nanopar.policy import Policy
@@ -35,11 +36,7 @@ def base_model(shape: str):
 def lora_model(shape: str):
     """apply_lora on a tiny model, every trainable parameter moved (the tag rows away from the base's)."""
     model = apply_lora(base_model(shape), ModelSettings(shape, lora=True), TAGS)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.5 * torch.randn(p.shape, generator=generator))
+    perturb_trainable(model, scale=0.5)
     return model
 
 
@@ -116,7 +113,7 @@ def test_a_training_step_and_a_sampler_call_never_build_a_whole_matrix(monkeypat
     monkeypatch.setattr(TrainableTokensLayer, "merge", refuse)
     policy = Policy(TAGS, "structured", 1.0, V)
     prompts, responses = [[3, 4, 5], [6, 7]], IDS[0, 1:].tolist()
-    batch = make_batch(prompts, [responses, responses[:9]], [[1.0] * len(responses), [1.0] * 9], pad_id=0)
+    batch = make_batch(prompts, [responses, responses[:9]], [[1.0] * len(responses), [1.0] * 9], pad_id=PAD)
     for head_read in ("chunked", "plain"):
         model.zero_grad(set_to_none=True)
         logprobs, _ = trace_logprobs(model, batch, policy, with_entropy=True, head_read=head_read)
