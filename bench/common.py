@@ -1,4 +1,4 @@
-"""What the benchmarks share: peak resident memory of a piece of work.
+"""What the benchmarks share: peak resident memory of a piece of work, the load average beside it.
 
 On CPU a part's memory is the peak resident set (psutil, sampled every 2 ms by a thread) minus
 the one at its start, after freed heap pages are handed back to the system (glibc `malloc_trim`),
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import os
 import threading
 import time
 
@@ -21,6 +22,11 @@ import psutil
 
 MB = 2**20
 PAD = 0  # the padding id of the benchmarks' batches
+
+
+def load_average(before: float) -> str:
+    """The 1-minute load average at a piece of work's start and now: "1.2 -> 1.4"."""
+    return f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
 
 
 def hand_back_free_memory() -> None:

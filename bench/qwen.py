@@ -1,17 +1,31 @@
-"""A real Qwen on this CPU: the sampler vs `generate`, forked vs sequential decoding, steps before vs after.
+"""A real Qwen on this CPU: nanopar against this machine's floor, the sampler vs `generate`, forking, steps.
 
-Speed and memory of nanopar on real weights: the sampler against `model.generate`, forking against
-sequential decoding, and one training step of each kind under the old settings and the new ones.
+Speed and memory of nanopar on real weights: each phase of its work against the floor of the same
+rows on this machine, the sampler against `model.generate`, forking against sequential decoding,
+and one training step of each kind under the old settings and the new ones.
 
     python bench/qwen.py                              # every part on Qwen2.5-Coder-0.5B: 1-2 hours on 2 cores, ~18 GB peak
-    python bench/qwen.py --only sampler --lanes 32    # one part (sampler, fork or steps)
+    python bench/qwen.py --only floor                 # one part (floor, sampler, fork or steps)
     python bench/qwen.py --quick                      # tiny sizes, one round: ~6 minutes, part 3 still > 4 GB
     python bench/qwen.py --quick --model tiny:qwen2   # the same code on a random tiny model: seconds
 
 --model (pypi:qwen2.5-coder-0.5b) loads with LoRA r16 and the tag rows, as train.py loads it;
 --dtype auto is what `defaults.cpu_dtype` picks on a CPU (bfloat16 where it has bfloat16
 instructions, else float32). The prompts are GSM8K questions with Qwen's one-line answer request
-(`instructions_named("answer")`, the qwen preset's), in the chat template.
+(`instructions_named("answer")`, the qwen preset's), in the chat template (part 0: random ids).
+ 0. floor: (a) one matrix product repeated on one weight that stays in cache, per dtype, at the
+    model's MLP and head shapes: this machine's best case, in TFLOPS; (b) nanopar's prefill
+    (--prefill-prompts x --prefill-tokens, the sampler's, `logits_to_keep` the last position),
+    a decode step at each of --decode-lanes lanes (structured policy with the tags, blocks
+    banned so every step has its lanes' rows: (a call of 1 + --decode-steps tokens - a call of 1)
+    / steps, the draw and the log-probs included) and a training micro-batch (--train-rows x
+    --train-tokens, `trace_logprobs` forward + backward, one parallel block a row), each against
+    its floor: the model's own dense layers over the same rows and nothing else
+    (bench/floor.py: the decoder's linears and the head; for the prefill the head over one row a
+    prompt; for training forward and the input's gradient), its ratio, the floor's TFLOPS and
+    weight bytes a second; then a profile table per phase (torch.profiler, shapes recorded, the
+    top --top operations by self time). On a GPU the same code waits for the device and profiles
+    its kernels.
  1. sampler: nanopar's sampler against `model.generate` at --lanes lanes (the first GSM8K test
     questions), T = 1, no tags, exactly --new-tokens tokens a lane (the sampler gets no stop ids,
     generate min_new_tokens = max_new_tokens). Both read the tag rows row by row (tag_rows.py), so
@@ -31,12 +45,14 @@ instructions, else float32). The prompts are GSM8K questions with Qwen's one-lin
     into sampling and update) and peak resident-memory rise (`common.PeakRSS`), each step with
     a fresh optimiser. The reward numbers the responses (`bench_order`): every group has a
     signal, so the update always runs. The two settings load one after the other.
-Parts 1 and 2: best of --rounds rounds after a short warm-up, contestants taking turns. Part 3:
+Parts 0-2: best of --rounds rounds after a short warm-up, contestants taking turns. Part 3:
 one step each after a small warm-up step (a full GRPO step takes 10-20 minutes here). Every row
 shows the 1-minute load average before and after it. --quick: --lanes 1 4, --new-tokens 16,
 --fork-lanes 1 4, --fork-tokens 40, --path-tokens 12, --prompts 2, --group-size 2, --grpo-tokens
-16, traces cut to their first 128 tokens, one round (it overrides those flags).
-Not here: a GPU (bench/gpu_check.py), 4-bit weights, accuracy (eval.py), more than one step.
+16, traces cut to their first 128 tokens, part 0 at 2 x 16 prefill tokens, lanes 1 4, 4 steps,
+a 2 x 32 training batch, one round (it overrides those flags).
+Not here: 4-bit weights, accuracy (eval.py), more than one step. On a GPU part 0 runs unchanged
+(bench/gpu_check.py runs it on its random real-size models).
 """
 
 from __future__ import annotations
@@ -58,7 +74,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, hand_back_free_memory, peak_rise
+from common import MB, hand_back_free_memory, load_average, peak_rise
+from floor import FloorSizes, floor_part
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: train.py's presets
 from nanopar.data import load_problems, load_traces  # noqa: E402
@@ -76,7 +93,7 @@ from nanopar.tags import PARALLEL_R1  # noqa: E402
 from train import PRESETS  # noqa: E402
 
 QWEN = PRESETS["qwen"]  # the "after" settings of part 3, and the prompts' instructions
-PARTS = ("sampler", "fork", "steps")
+PARTS = ("floor", "sampler", "fork", "steps")
 ORDER = itertools.count()
 
 
@@ -90,10 +107,6 @@ def load(name: str, dtype: str):
     """(model, tokenizer) with LoRA (B = 0: the weights as shipped) and the tag rows, as train.py loads them."""
     torch.manual_seed(0)
     return load_model(ModelSettings(name, dtype=dtype, lora=True))
-
-
-def load_average(before: float) -> str:
-    return f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
 
 
 def timed(fn):
@@ -290,6 +303,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="pypi:qwen2.5-coder-0.5b", help="the model raced (tiny:qwen2: a random tiny one)")
     parser.add_argument("--dtype", default="auto", help="parts 1-2 and part 3's 'after': float32, bfloat16, or auto (defaults.cpu_dtype)")
     parser.add_argument("--only", choices=PARTS, help="run one part")
+    for name, field in FloorSizes.__dataclass_fields__.items():  # part 0's sizes (--rounds: below)
+        if name == "rounds":
+            continue
+        parser.add_argument("--" + name.replace("_", "-"), type=int, nargs="+" if name == "decode_lanes" else None,
+                            default=field.default_factory() if name == "decode_lanes" else field.default,
+                            help="part 0: " + FloorSizes.HELP[name])
     parser.add_argument("--lanes", type=int, nargs="+", default=[1, 8, 32], help="part 1: lanes (questions) per call")
     parser.add_argument("--new-tokens", type=int, default=128, help="part 1: tokens decoded a lane")
     parser.add_argument("--fork-lanes", type=int, nargs="+", default=[1, 8], help="part 2: lanes per call")
@@ -303,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--settings", nargs="+", choices=("before", "after"), default=["before", "after"],
                         help="part 3: the settings run (one alone where memory is short)")
     parser.add_argument("--trace-tokens", type=int, default=0, help="part 3: cold-start responses cut to this many tokens (0: whole)")
-    parser.add_argument("--rounds", type=int, default=2, help="parts 1-2: timed rounds after the warm-up; the best counts")
+    parser.add_argument("--rounds", type=int, default=2, help="parts 0-2: timed rounds after the warm-up; the best counts")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (overrides the size flags)")
     parser.add_argument("--out", default="", help="write every figure to this JSON file")
     args = parser.parse_args(argv)
@@ -317,8 +336,11 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"config": vars(args) | {"resolved_dtype": dtype}, "threads": torch.get_num_threads(),
               "bf16_instructions": cpu_bf16_instructions()}
     started = time.perf_counter()
-    if args.only in (None, "sampler", "fork"):
+    if args.only in (None, "floor", "sampler", "fork"):
         model, tokenizer = load(args.model, dtype)
+        if args.only in (None, "floor"):
+            sizes = FloorSizes.quick() if args.quick else FloorSizes(**{f: getattr(args, f) for f in FloorSizes.__dataclass_fields__})
+            report["floor"] = floor_part(model, tokenizer, sizes, console)
         if args.only in (None, "sampler"):
             report["sampler"] = sampler_part(model, tokenizer, args, console)
         if args.only in (None, "fork"):

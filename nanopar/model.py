@@ -156,13 +156,11 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     if adapter_folder is not None:
         from peft import PeftModel
 
-        from .tag_rows import use_rowwise_tag_rows
-
         tokenizer = AutoTokenizer.from_pretrained(adapter_folder)  # the checkpoint's own tokenizer
         if TagIds.from_tokenizer(tokenizer, schema) != tag_ids:
             raise NanoparError(f"checkpoint {adapter_folder!r}: its tag ids differ from its base's")
         model = PeftModel.from_pretrained(model, adapter_folder, is_trainable=settings.lora)
-        use_rowwise_tag_rows(model)
+        use_fast_adapter_forwards(model)
     elif settings.lora:
         model = apply_lora(model, settings, tag_ids)
     return model.eval(), tokenizer
@@ -398,8 +396,6 @@ def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
     """
     from peft import LoraConfig, get_peft_model
 
-    from .tag_rows import use_rowwise_tag_rows
-
     trainable = None
     if settings.train_tag_embeddings:
         ids = list(tag_ids.all())
@@ -418,8 +414,19 @@ def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
         trainable_token_indices=trainable,
     )
     model = get_peft_model(model, config)
-    use_rowwise_tag_rows(model)  # the same values without peft's [V, d] copy per forward
+    use_fast_adapter_forwards(model)
     return model
+
+
+def use_fast_adapter_forwards(model) -> None:
+    """peft's layers in `model` given nanopar's forwards, the same values: the tag rows read row by
+    row (tag_rows.py: no [V, d] copy per forward) and LoRA in the base's dtype (lora_dtype.py: no
+    float32 detour beside a bfloat16 base)."""
+    from .lora_dtype import use_base_dtype_lora
+    from .tag_rows import use_rowwise_tag_rows
+
+    use_rowwise_tag_rows(model)
+    use_base_dtype_lora(model)
 
 
 def save_checkpoint_model(model, tokenizer, folder: str) -> None:

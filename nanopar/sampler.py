@@ -270,9 +270,13 @@ class _Decoder:
         layout = build_layout(ids, self.tags, "causal", attention_mask=real, dtype=self.dtype, window=self.window)
         # With a window, a cache of plain layers: the model's own would keep only the last window - 1
         # columns of its sliding layers, and a lane's row holds every token it sees, in every layer.
+        # The head reads the last position only, picked by index: `logits_to_keep=1` slices it as a
+        # strided [B, 1, d] view, and torch's matmul of such a view by a frozen head (LoRA, a loaded
+        # checkpoint) copies the head's weight once per row, a [B, d, V] tensor (docs/qwen.md, "Speed").
+        last = torch.tensor([T - 1], device=device)
         out = self.model(
             input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
-            cache=DynamicCache() if self.window else None, use_cache=True, logits_to_keep=1,
+            cache=DynamicCache() if self.window else None, use_cache=True, logits_to_keep=last,
         )
         self.cache = self.lane_cache(out.cache, [len(p) for p in prompts])
         rows = [p for p in range(len(prompts)) for _ in range(samples_per_prompt)]

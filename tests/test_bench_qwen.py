@@ -5,6 +5,7 @@ import json
 import pytest
 
 from conftest import run_script
+from nanopar.model import ModelSettings, load_model
 
 
 @pytest.mark.slow
@@ -14,8 +15,26 @@ def test_quick_run_on_a_tiny_model_counts_what_it_decoded(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     config = report["config"]
-    for title in ("1. nanopar's sampler vs model.generate", "2. forked vs sequential", "3. one cold-start step"):
+    for title in ("0a. this machine's matrix products", "0b. nanopar against the floor", "profile: decode step, 4 lanes",
+                  "1. nanopar's sampler vs model.generate", "2. forked vs sequential", "3. one cold-start step"):
         assert title in done.stdout
+
+    # 0. each phase's floor is the model's dense layers over its rows: 2 x rows x their weights (the
+    # head over one row a prompt in the prefill, the weighted positions in training), x 2 with the backward
+    model = load_model(ModelSettings("tiny:qwen2"))[0]
+    c, V = model.config, model.get_output_embeddings().weight.shape[0]
+    width = c.hidden_size // c.num_attention_heads * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    per_row = c.num_hidden_layers * c.hidden_size * (width + 3 * c.intermediate_size)  # q k v o, gate up down
+    prefill, *decode, train = report["floor"]["phases"]
+    assert prefill["rows"] == 2 * 16 and prefill["head_rows"] == 2
+    assert [row["rows"] for row in decode] == [row["head_rows"] for row in decode] == [1, 4]
+    assert train["rows"] == 2 * 32 and 0 < train["head_rows"] < train["rows"]
+    for row in (prefill, *decode, train):
+        backward = 2 if row is train else 1
+        assert row["floor_flops"] == 2 * backward * (row["rows"] * per_row + row["head_rows"] * c.hidden_size * V)
+        assert row["ratio"] == pytest.approx(row["seconds"] / row["floor_seconds"]) and row["seconds"] > 0
+        assert 0 < len(row["top"]) <= 5 and all(op["calls"] >= 0 for op in row["top"])
+    assert len(report["floor"]["probes"]) == 1 and all(t > 0 for t in report["floor"]["probes"][0]["tflops"])
 
     # 1. both contestants decoded exactly --new-tokens a lane, no EOS stop
     assert [row["lanes"] for row in report["sampler"]] == config["lanes"] == [1, 4]

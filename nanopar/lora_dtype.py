@@ -1,0 +1,78 @@
+"""LoRA computed in its base layer's dtype: peft's LoRA linear without the float32 detour.
+
+peft keeps LoRA's A [r, in] and B [out, r] in float32 beside a bfloat16 (or float16) base
+(`autocast_adapter_dtype`), and its forward casts each layer's input up to meet them:
+
+    y = base(x)                              [..., out] bfloat16
+    y = y + B(A(x.float())) * s              x cast up, a float32 [..., out] product, scaled, added
+    y = y.to(bfloat16)                       and cast back
+
+so every adapted projection writes four float32 tensors of its output's size (on Qwen's MLP
+out = 4,864: most of a LoRA model's prefill, docs/qwen.md "Speed"). `BaseDtypeLora` casts the
+adapter's weights down instead (an [r, in] and an [out, r] copy, nothing per row) and adds the
+update to the base's output in one fused multiply-add:
+
+    y = base(x); y += A(x) (s B)^T           in place, everything in the base's dtype
+
+The parameters stay float32: the optimiser updates float32 master weights (a bfloat16 B, which
+starts at zero, would round away the small updates of a low learning rate), and their gradients
+come back through the casts in float32. What changes is the precision of the update's products,
+the base's own: bfloat16 against peft's float32 (tests/test_lora_dtype.py measures the gap). With
+a float32 base the two forwards are the same computation up to the order of the scaling.
+
+Not here (peft's own forward runs them): merged or disabled adapters, mixed adapter batches
+(`adapter_names=`), LoRA variants (DoRA, ...), LoRA with a bias, layers other than a linear or
+a bitsandbytes 4-bit linear.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit  # bitsandbytes is a dependency
+from peft.tuners.lora.layer import Linear as LoraLinear
+
+
+class BaseDtypeLora:
+    """The forward of a peft LoRA linear, in the base's dtype (module docstring). Mixed into a
+    subclass of each peft layer class it serves; `use_base_dtype_lora` swaps the classes."""
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if self.disable_adapters or self.merged or kwargs.get("adapter_names") is not None or any(
+            name in self.lora_variant or self.lora_bias.get(name, False) for name in self.active_adapters
+        ):
+            return super().forward(x, *args, **kwargs)
+        self._check_forward_args(x, *args, **kwargs)
+        result = self.base_layer(x, *args, **kwargs)  # [..., out] in the base's dtype
+        if result._is_view():  # bitsandbytes' 4-bit output, a view made in its autograd Function: autograd
+            result = result.clone()  # forbids writing that in place (peft clones it too)
+        flat = result.view(-1, result.shape[-1])  # [n, out]
+        for name in self.active_adapters:
+            if name not in self.lora_A:
+                continue
+            A = self.lora_A[name].weight.to(result.dtype)  # [r, in]
+            B = (self.lora_B[name].weight * self.scaling[name]).to(result.dtype)  # [out, r], scaled
+            down = F.linear(self.lora_dropout[name](x.to(result.dtype)), A)  # [..., r]
+            # in place: the base's output is fresh and its backward does not keep it (addmm's copy
+            # of an [n, out] input would cost as much as the update itself)
+            flat.addmm_(down.reshape(-1, down.shape[-1]), B.t())  # [n, out] += down B^T
+        return result
+
+
+class BaseDtypeLoraLinear(BaseDtypeLora, LoraLinear):
+    pass
+
+
+class BaseDtypeLoraLinear4bit(BaseDtypeLora, LoraLinear4bit):
+    pass
+
+
+CLASSES = {LoraLinear: BaseDtypeLoraLinear, LoraLinear4bit: BaseDtypeLoraLinear4bit}  # peft's class -> ours
+
+
+def use_base_dtype_lora(model) -> int:
+    """Give every peft LoRA linear in `model` the base-dtype forward; returns how many."""
+    layers = [m for m in model.modules() if type(m) in CLASSES]
+    for layer in layers:
+        layer.__class__ = CLASSES[type(layer)]
+    return len(layers)
