@@ -17,10 +17,11 @@ update to the base's output in one fused multiply-add:
 The parameters stay float32: the optimiser updates float32 master weights (a bfloat16 B, which
 starts at zero, would round away the small updates of a low learning rate), and their gradients
 come back through the casts in float32. What changes is the precision of the update's products,
-the base's own: bfloat16 against peft's float32 (tests/test_lora_dtype.py measures the gap). With
-a float32 base the two forwards are the same computation up to the order of the scaling.
+the base's own: bfloat16 against peft's float32 (tests/test_lora_dtype.py measures the gap). A
+float32 input (a float32 model, bitsandbytes' 4-bit layers computing in float32 on a CPU) has no
+detour to skip: peft's forward runs, bit for bit as before.
 
-Not here (peft's own forward runs them): merged or disabled adapters, mixed adapter batches
+Not here (peft's own forward runs them): float32, merged or disabled adapters, mixed adapter batches
 (`adapter_names=`), LoRA variants (DoRA, ...), LoRA with a bias, layers other than a linear or
 a bitsandbytes 4-bit linear.
 """
@@ -38,10 +39,9 @@ class BaseDtypeLora:
     subclass of each peft layer class it serves; `use_base_dtype_lora` swaps the classes."""
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if self.disable_adapters or self.merged or kwargs.get("adapter_names") is not None or any(
-            name in self.lora_variant or self.lora_bias.get(name, False) for name in self.active_adapters
-        ):
-            return super().forward(x, *args, **kwargs)
+        if x.dtype == torch.float32 or self.disable_adapters or self.merged or kwargs.get("adapter_names") is not None \
+                or any(name in self.lora_variant or self.lora_bias.get(name, False) for name in self.active_adapters):
+            return super().forward(x, *args, **kwargs)  # float32 meets float32 adapters: no detour to skip
         self._check_forward_args(x, *args, **kwargs)
         result = self.base_layer(x, *args, **kwargs)  # [..., out] in the base's dtype
         if result._is_view():  # bitsandbytes' 4-bit output, a view made in its autograd Function: autograd
