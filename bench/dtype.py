@@ -11,6 +11,12 @@ smollm2` loads it, in each dtype, taking turns (best of --repeats rounds after a
    comparison is milliseconds per sampled token.
 2. an SFT step: one `sft_step` on 4 Parallel-GSM8K traces (its first 4, ~600 tokens a row), the
    run's cold-start step; and the peak resident memory it adds.
+3. agreement: the log-probs each dtype's sampler recorded (part 1's call, before any SFT step)
+   against the training read of the same tokens (`trace_logprobs`, the chunked head) in the same
+   dtype, the number GRPO's ratio compares them with, and in the other dtype: the largest and
+   the mean |difference| over the sampled tokens, nats. The sampler and the trainer of one dtype
+   must agree to that dtype's rounding; bfloat16 against float32 says how far a bfloat16 run's
+   policy is from the same weights read in float32.
 
 bfloat16 is fast on a CPU with AVX512-BF16 or AMX (torch's oneDNN kernels); without them it is
 emulated and slower than float32: the table says which this CPU has. Not here: a GPU (bfloat16 is
@@ -29,6 +35,8 @@ from rich.table import Table
 
 from common import MB, peak_rise
 from nanopar.data import load_problems, load_traces
+from nanopar.forward import trace_logprobs
+from nanopar.grpo import rollout_batch
 from nanopar.model import ModelSettings, cpu_bf16_instructions, load_model
 from nanopar.optim import make_optimizer
 from nanopar.policy import Policy
@@ -47,13 +55,23 @@ def load(dtype: str, name: str):
     return model, tokenizer, Policy.for_tokenizer(tokenizer, "structured", temperature=0.6)
 
 
-def sampling(model, tokenizer, policy, prompts: int, tokens: int) -> tuple[float, int]:
-    """One sampler call. -> (seconds, tokens sampled)"""
+def sampling(model, tokenizer, policy, prompts: int, tokens: int) -> tuple[float, int, list]:
+    """One sampler call. -> (seconds, tokens sampled, the rollouts)"""
     questions = [build_prompt(p, tokenizer, "") for p in load_problems("gsm8k", limit=prompts)]
     settings = SamplerSettings(paths=2, max_new_tokens=tokens, max_path_tokens=tokens // 2, seed=0)
     started = time.perf_counter()
     rollouts = sample(model, questions, policy, settings, stop_ids(model, tokenizer))
-    return time.perf_counter() - started, sum(r.stats.sampled_tokens for r in rollouts)
+    return time.perf_counter() - started, sum(r.stats.sampled_tokens for r in rollouts), rollouts
+
+
+def agreement(rollouts, model, tokenizer, policy) -> tuple[float, float]:
+    """The largest and the mean |recorded - read| over the sampled tokens of `rollouts`, the read
+    being `model`'s training read of them. -> (max, mean), nats"""
+    batch = rollout_batch(rollouts, tokenizer.pad_token_id or 0, model.device)
+    with torch.no_grad():
+        read, _ = trace_logprobs(model, batch, policy)  # [B, T-1] float32, 0 where not sampled
+    gap = (read - batch.recorded).abs()[batch.target_mask > 0]  # [sampled tokens]
+    return gap.max().item(), gap.mean().item()
 
 
 def sft(model, tokenizer, policy) -> float:
@@ -82,9 +100,13 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     models = {dtype: load(dtype, args.model) for dtype in DTYPES}
     best = {dtype: {"sample": float("inf"), "sft": float("inf"), "tokens": 0, "memory": 0} for dtype in DTYPES}
+    gaps = {}  # (sampled in, read in) -> (max, mean)
     for round_ in range(args.repeats + 1):  # round 0 warms up
         for dtype, (model, tokenizer, policy) in models.items():
-            seconds, tokens = sampling(model, tokenizer, policy, args.prompts, args.max_new_tokens)
+            seconds, tokens, rollouts = sampling(model, tokenizer, policy, args.prompts, args.max_new_tokens)
+            if round_ == 0:  # the weights as loaded: both dtypes hold the same model
+                for other, (reader, _, _) in models.items():
+                    gaps[(dtype, other)] = agreement(rollouts, reader, tokenizer, policy)
             rise, step = peak_rise(lambda: sft(model, tokenizer, policy))
             if round_ > 0 and seconds / tokens < best[dtype]["sample"] / max(1, best[dtype]["tokens"]):
                 best[dtype].update(sample=seconds, tokens=tokens)
@@ -103,6 +125,12 @@ def main() -> None:
         ratio = (base["sample"] / base["tokens"]) / (b["sample"] / b["tokens"])
         table.add_row(dtype, f"{per_token:.1f}", str(b["tokens"]), f"{b['sft']:.1f}", f"{b['memory'] / MB:.0f}",
                       f"{ratio:.2f}x, {base['sft'] / b['sft']:.2f}x")
+    console.print(table)
+    table = Table(title="the sampler's recorded log-probs against a training read of the same tokens, nats")
+    for column in ("sampled in", "read in", "largest |difference|", "mean |difference|"):
+        table.add_column(column, justify="right")
+    for (sampled, read), (largest, mean) in gaps.items():
+        table.add_row(sampled, read, f"{largest:.2e}", f"{mean:.2e}")
     console.print(table)
 
 
