@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import json
 import os
 import threading
 import time
@@ -27,6 +28,15 @@ PAD = 0  # the padding id of the benchmarks' batches
 def load_average(before: float) -> str:
     """The 1-minute load average at a piece of work's start and now: "1.2 -> 1.4"."""
     return f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
+
+
+def write_report(report: dict, out: str, console) -> dict:
+    """Print the run's seconds and the load average now; write `report` as JSON to `out` ("" = don't)."""
+    console.print(f"{report['seconds']:.0f} s; load average now {os.getloadavg()[0]:.1f}", highlight=False)
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
 
 
 def hand_back_free_memory() -> None:

@@ -65,7 +65,6 @@ import argparse
 import dataclasses
 import gc
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -74,7 +73,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, hand_back_free_memory, load_average, peak_rise
+from common import MB, hand_back_free_memory, load_average, peak_rise, write_report
 from floor import FloorSizes, floor_part
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: train.py's presets
@@ -350,10 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.only in (None, "steps"):
         report["steps"] = steps_part(args, dtype, console)
     report["seconds"] = time.perf_counter() - started
-    console.print(f"{report['seconds']:.0f} s; load average now {os.getloadavg()[0]:.1f}", highlight=False)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
-    return report
+    return write_report(report, args.out, console)
 
 
 if __name__ == "__main__":

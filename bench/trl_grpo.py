@@ -67,17 +67,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: spinn
 import argparse
 import contextlib
 import itertools
-import json
 import tempfile
 import time
 import warnings
-from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, peak_rise
+from common import MB, peak_rise, write_report
 
 try:
     import trl
@@ -304,10 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
               "bf16_instructions": cpu_bf16_instructions(), "trl": trl.__version__,
               "transformers": transformers.__version__, "rows": rows, "best": best,
               "seconds": time.perf_counter() - started}
-    console.print(f"{report['seconds']:.0f} s; load average now {os.getloadavg()[0]:.1f}", highlight=False)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
-    return report
+    return write_report(report, args.out, console)
 
 
 if __name__ == "__main__":
