@@ -180,3 +180,20 @@ def test_dtype_auto_on_a_cpu_is_bfloat16_for_real_weights_only_where_the_cpu_has
         flags = next(line for line in f if line.startswith("flags")).split()
     from nanopar.model import cpu_bf16_instructions
     assert (cpu_bf16_instructions() != "none") == ("avx512_bf16" in flags or "amx_bf16" in flags)
+
+
+def test_the_qwen_rl_preset_runs_stage_1_at_8_x_8_beside_the_baseline_and_evaluates_on_unseen_problems():
+    """Parallel-R1's stage 1 at its own group size, the accuracy-only arm from the model as shipped,
+    and 200 held-out GSM8K problems none of which a GRPO stage trains on."""
+    from nanopar.data import load_problems
+
+    config, _ = train.resolved_config(["--preset", "qwen-rl"])
+    stages = recipe(config)
+    assert [s.name for s in stages] == ["sft", "rl-easy", "baseline-rl-easy"]
+    rl, baseline = stages[1], stages[2]
+    assert (rl.reward, rl.mode, baseline.reward, baseline.mode) == ("parallel", "structured", "accuracy", "causal")
+    assert (config.prompts_per_step, config.group_size) == (8, 8) and rl.steps == baseline.steps > 0
+    assert config.eval_model and config.eval_problems >= 200 and config.eval_data == "gsm8k"
+    trained = {p.question for p in load_problems(config.easy_data)}
+    held_out = load_problems("gsm8k", limit=config.eval_problems)
+    assert len(held_out) == config.eval_problems and not trained & {p.question for p in held_out}
