@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from rich.table import Table
 
-from common import load_average
+from common import MB, load_average, peak_rise
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
@@ -51,6 +51,19 @@ def best_seconds(fn, device: torch.device, repeats: int = 3) -> float:
         synchronize(device)
         best = min(best, time.perf_counter() - started)
     return best
+
+
+def peak_added(fn, device: torch.device) -> int:
+    """Bytes a call of fn() adds at its peak over what was held before it: GPU memory allocated on
+    a GPU, the resident set on a CPU (`common.peak_rise`)."""
+    if device.type != "cuda":
+        return peak_rise(fn)[0]
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    held = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - held
 
 
 def dense_layers(model) -> tuple[list[torch.nn.Module], torch.nn.Module]:
@@ -141,6 +154,8 @@ class FloorSizes:
 
     prefill_prompts: int = 16
     prefill_tokens: int = 200
+    eval_prompts: int = 64
+    eval_prompt_tokens: int = 320
     decode_lanes: list[int] = field(default_factory=lambda: [1, 8, 32, 64])
     decode_steps: int = 16
     decode_prompt_tokens: int = 64
@@ -151,6 +166,8 @@ class FloorSizes:
     rounds: int = 2
 
     HELP = {"prefill_prompts": "prompts of the prefill", "prefill_tokens": "tokens a prefill prompt",
+            "eval_prompts": "prompts of an evaluation batch's prefill (eval.py's --batch)",
+            "eval_prompt_tokens": "tokens an evaluation prompt (GSM8K with the parallel instructions: up to ~320)",
             "decode_lanes": "lanes of a decode step", "decode_steps": "decode steps timed a call",
             "decode_prompt_tokens": "tokens of each decode lane's prompt", "train_rows": "rows of the training micro-batch",
             "train_tokens": "tokens a training row", "probes": "matrix products probed (MLP at 32, 256, 1,024 rows; the head)",
@@ -159,7 +176,7 @@ class FloorSizes:
     @classmethod
     def quick(cls) -> "FloorSizes":
         """A smoke run's sizes: seconds on a tiny model."""
-        return cls(2, 16, [1, 4], 4, 8, 2, 32, 1, 5, 1)
+        return cls(2, 16, 4, 24, [1, 4], 4, 8, 2, 32, 1, 5, 1)
 
 
 def random_prompts(count: int, length: int, words: int, seed: int) -> list[list[int]]:
@@ -192,7 +209,7 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
     prompts = random_prompts(P, T, words, 0)
     S = sizes.decode_steps
     step_time = {}
-    for lanes in [P] + sizes.decode_lanes:  # a decode step: (one call of 1 + S tokens - one of 1 token) / S
+    for lanes in dict.fromkeys([P] + sizes.decode_lanes):  # a decode step: (one call of 1 + S tokens - one of 1 token) / S
         lane_prompts = prompts if lanes == P else random_prompts(lanes, sizes.decode_prompt_tokens, words, lanes)
         one, more = best_seconds(lambda: run(lane_prompts, 1), device, sizes.rounds), \
             best_seconds(lambda: run(lane_prompts, 1 + S), device, sizes.rounds)
@@ -201,6 +218,12 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
     rows = [{"phase": f"prefill, {P} prompts x {T} tokens", "seconds": prefill_seconds, "rows": P * T, "head_rows": P,
              "floor": linear_floor(model, P * T, head_rows=P, repeats=sizes.rounds), "tokens": P * T,
              "work": lambda: run(prompts, 1), "baseline": None}]
+    E, L = sizes.eval_prompts, sizes.eval_prompt_tokens  # an evaluation batch's prefill: its memory above all
+    eval_prompts = random_prompts(E, L, words, 1)
+    rows.append({"phase": f"prefill, an evaluation batch, {E} x {L}", "rows": E * L, "head_rows": E, "tokens": E * L,
+                 "seconds": best_seconds(lambda: run(eval_prompts, 1), device, 1) - step_time.get(E, (0.0,))[0],
+                 "floor": linear_floor(model, E * L, head_rows=E, repeats=1),
+                 "work": lambda: run(eval_prompts, 1), "baseline": None})
     for lanes in sizes.decode_lanes:
         seconds, _, lane_prompts = step_time[lanes]
         rows.append({"phase": f"decode step, {lanes} lanes", "seconds": seconds, "rows": lanes, "head_rows": lanes,
@@ -221,25 +244,29 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
                  "floor": linear_floor(model, sizes.train_rows * sizes.train_tokens, head_rows=weighted, backward=True,
                                        repeats=sizes.rounds), "work": train_read, "baseline": None})
     table = Table(title="0b. nanopar against the floor: this machine's own dense layers over the same rows (bench/floor.py)")
-    for column in ("phase", "nanopar ms", "floor ms", "x the floor", "floor TFLOPS", "floor GB/s (weights)", "tokens/s", "load"):
+    for column in ("phase", "nanopar ms", "floor ms", "x the floor", "floor TFLOPS", "floor GB/s (weights)", "tokens/s",
+                   "peak MB added", "load"):
         table.add_column(column, justify="right")
     report["phases"] = []
     for row in rows:
         before = os.getloadavg()[0]
         floor, seconds = row["floor"], row["seconds"]
+        row["peak_mb"] = peak_added(row["work"], device) / MB  # the whole call (a decode phase's: 1 + S tokens)
         row["top"] = profile_top(row.pop("work"), device, sizes.top, row.pop("baseline"))
         entry = {"phase": row["phase"], "seconds": seconds, "floor_seconds": floor.seconds, "ratio": seconds / floor.seconds,
                  "floor_flops": floor.flops, "floor_weight_bytes": floor.weight_bytes, "rows": row["rows"],
-                 "head_rows": row["head_rows"],
+                 "head_rows": row["head_rows"], "peak_mb": row["peak_mb"],
                  "floor_tflops": floor.flops / floor.seconds / 1e12, "floor_gb_per_s": floor.weight_bytes / floor.seconds / 1e9,
                  "tokens_per_second": row["tokens"] / seconds, "top": row["top"], "load": load_average(before)}
         report["phases"].append(entry)
         table.add_row(entry["phase"], f"{1000 * seconds:,.1f}", f"{1000 * floor.seconds:,.1f}", f"{entry['ratio']:.2f}",
                       f"{entry['floor_tflops']:.2f}", f"{entry['floor_gb_per_s']:.1f}", f"{entry['tokens_per_second']:,.1f}",
-                      entry["load"])
+                      f"{entry['peak_mb']:,.0f}", entry["load"])
     model.eval()
-    table.caption = ("decode step = (a call of 1 + S tokens - a call of 1) / S; prefill = the call of 1 - a step; "
-                     "tokens/s: the phase's tokens (prompt tokens, lanes, trained tokens) a second")
+    table.caption = ("decode step = (a call of 1 + S tokens - a call of 1) / S; prefill = the call of 1 - a step (the "
+                     "evaluation batch's: less a decode step of as many lanes, where one was timed); tokens/s: the phase's tokens "
+                     "(prompt tokens, lanes, trained tokens) a second; peak MB added: one call (the resident set on a CPU, "
+                     "memory allocated on a GPU)")
     console.print(table)
     for entry in report["phases"]:
         per = f", {S} steps" if entry["phase"].startswith("decode") else ""

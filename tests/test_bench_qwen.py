@@ -25,15 +25,16 @@ def test_quick_run_on_a_tiny_model_counts_what_it_decoded(tmp_path):
     c, V = model.config, model.get_output_embeddings().weight.shape[0]
     width = c.hidden_size // c.num_attention_heads * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
     per_row = c.num_hidden_layers * c.hidden_size * (width + 3 * c.intermediate_size)  # q k v o, gate up down
-    prefill, *decode, train = report["floor"]["phases"]
+    prefill, evaluation, *decode, train = report["floor"]["phases"]
     assert prefill["rows"] == 2 * 16 and prefill["head_rows"] == 2
+    assert evaluation["rows"] == 4 * 24 and evaluation["head_rows"] == 4
     assert [row["rows"] for row in decode] == [row["head_rows"] for row in decode] == [1, 4]
     assert train["rows"] == 2 * 32 and 0 < train["head_rows"] < train["rows"]
-    for row in (prefill, *decode, train):
+    for row in (prefill, evaluation, *decode, train):
         backward = 2 if row is train else 1
         assert row["floor_flops"] == 2 * backward * (row["rows"] * per_row + row["head_rows"] * c.hidden_size * V)
         assert row["ratio"] == pytest.approx(row["seconds"] / row["floor_seconds"]) and row["seconds"] > 0
-        assert 0 < len(row["top"]) <= 5 and all(op["calls"] >= 0 for op in row["top"])
+        assert 0 < len(row["top"]) <= 5 and all(op["calls"] >= 0 for op in row["top"]) and row["peak_mb"] >= 0
     assert len(report["floor"]["probes"]) == 1 and all(t > 0 for t in report["floor"]["probes"][0]["tflops"])
 
     # 1. both contestants decoded exactly --new-tokens a lane, no EOS stop
