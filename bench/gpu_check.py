@@ -19,7 +19,11 @@ stray tags. No EOS: every response spends its budget.
   2. one GRPO step on the forked rollouts: reward (Parallel-R1's `parallel`, timed; the update
      takes alternating +-1 instead so that every group has signal), `grpo_update` split into the
      training read + backward and the optimiser (its step hooks), its peak beside
-     bench/memory_plan.py's `predict` for the same shape (models the plan has coefficients for).
+     bench/memory_plan.py's `predict` for the same shape (models the plan has coefficients for);
+  3. (--floor) bench/qwen.py's part 0 (bench/floor.py): the prefill, an evaluation batch's
+     prefill, decode steps at 1 / 8 / 32 / 64 lanes and a training micro-batch against this GPU's
+     floor for the same rows (the model's own 4-bit and bf16 layers alone), their peak memory
+     allocated, a profile table of each (CUDA kernels' time).
 Not here: real weights or data quality (random weights), more than one step, repeats (one timed
 run after a short warm-up), the KL reference, several GPUs.
 """
@@ -44,6 +48,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import memory_plan
 from common import MB
+from floor import FloorSizes, floor_part
 from nanopar.config import parse_config
 from nanopar.data import load_problems
 from nanopar.defaults import flags_given
@@ -86,6 +91,7 @@ class CheckConfig:
     micro_batch: int = 2  # rows per forward/backward of the GRPO update (the memory plan's default)
     gradient_checkpointing: bool = True  # recompute the decoder layers in backward (the plan's default)
     lr: float = 1e-5  # the update's learning rate (train.py's for LoRA RL)
+    floor: bool = True  # also bench/floor.py's phases (prefill, decode steps, a training micro-batch) against this device's floor
     seed: int = 0  # LoRA init and every draw
     out: str = ""  # also write every figure as JSON here ("" = print only), rewritten after each model
 
@@ -183,6 +189,8 @@ def check_model(name: str, config: CheckConfig, console) -> dict:
     console.print(f"{name}: sampled, {sum(run['seconds'] for run in runs.values()):.0f} s")
     grpo = dict(sample_s=runs["forked"]["seconds"]) | grpo_step(model, tokenizer, optimizer, policy, problems, rollouts,
                                                                  config)
+    floor = floor_part(model, tokenizer, FloorSizes.quick() if config.quick else FloorSizes(), console) \
+        if config.floor else None
     plan = None
     if name in memory_plan.STORED["models"]:  # the plan holds CPU-measured coefficients of these models only
         p = memory_plan.predict(name, prompts=config.prompts, samples=config.samples, new_tokens=config.new_tokens,
@@ -195,7 +203,7 @@ def check_model(name: str, config: CheckConfig, console) -> dict:
     gc.collect()
     if CUDA:
         torch.cuda.empty_cache()
-    return dict(runs=runs, grpo=grpo, plan=plan, longest_prompt=max(map(len, prompts)),
+    return dict(runs=runs, grpo=grpo, plan=plan, floor=floor, longest_prompt=max(map(len, prompts)),
                 forked_ids=[r.ids for r in rollouts])
 
 

@@ -54,6 +54,13 @@ def test_quick_run_forks_samples_and_trains(quick, qwen_tokenizer):
     assert step["update_s"] == pytest.approx(step["read_backward_s"] + step["optimizer_s"])
     assert model["plan"] is None and step["peak_mb"] is None  # no plan for the tiny model, no CUDA peak on CPU
     assert printed.count("tiny-qwen2") >= 3  # its progress lines and a row of each table
+    # the floor part on the 4-bit model: every phase timed against its floor (the 4-bit layers' own)
+    phases = model["floor"]["phases"]
+    assert [p["phase"].split(",")[0] for p in phases] == ["prefill", "prefill", "decode step", "decode step",
+                                                          "training micro-batch"]
+    assert all(p["seconds"] > 0 and p["floor_seconds"] > 0 and p["ratio"] == pytest.approx(p["seconds"] / p["floor_seconds"])
+               for p in phases)
+    assert "0b. nanopar against the floor" in printed
 
 
 def test_without_a_gpu_the_full_run_refuses_in_one_line(monkeypatch, capsys):
