@@ -11,11 +11,15 @@ matrix product repeated on one weight (a weight that stays in cache: this CPU's 
 figure the floor is compared with.
 
     floor = linear_floor(model, rows=32)            # one decode step of 32 lanes: seconds, FLOPs, bytes read
-    top = profile_top(lambda: work(), k=8)          # the k operations with the most self time, shapes recorded
+    top = profile_top(work, device, k=8)            # the k operations with the most self time, shapes recorded
+    report = floor_part(model, tokenizer, FloorSizes(), console)   # nanopar's phases against their floors
 
-Imported by bench/qwen.py's "floor" part (`from floor import ...`: a script's folder is on sys.path).
-Not here: attention's floor (its cost grows with the context; it is in the phases' time, not the
-floor), the optimiser, what the phases run (bench/qwen.py).
+`floor_part` is bench/qwen.py's part 0 and bench/gpu_check.py's third check (`from floor import
+...`: a script's folder is on sys.path): nanopar's prefill, an evaluation batch's prefill, decode
+steps and a training micro-batch, each timed, against its floor, with its peak memory and a
+profile table. Not here: attention's floor (its cost grows with the context; it is in the
+phases' time, not the floor), the optimiser, gradient checkpointing's recomputed forward (in a
+phase's time where the model has it on, as gpu_check's has, never in the floor).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ def dense_layers(model) -> tuple[list[torch.nn.Module], torch.nn.Module]:
 class Floor:
     seconds: float  # the dense layers' time over the rows, forward (and backward where asked)
     flops: float  # 2 x their multiply-adds (twice that with the backward: the input's gradient is one more product)
-    weight_bytes: int  # the weights read once
+    weight_bytes: int  # the weights read: once a forward, twice with the backward
 
 
 def linear_floor(model, rows: int, head_rows: int | None = None, backward: bool = False, repeats: int = 3) -> Floor:
@@ -108,12 +112,13 @@ def linear_floor(model, rows: int, head_rows: int | None = None, backward: bool 
                     layer(x)
 
     flops = sum(2 * n * layer.in_features * layer.out_features for layer, n in work) * (2 if backward else 1)
-    weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer, _ in work)
+    weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer, _ in work) * (2 if backward else 1)
     return Floor(best_seconds(run, device, repeats), flops, weight_bytes)
 
 
 def probe_gemm(rows: int, inner: int, out: int, dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
-    """TFLOPS of [rows, inner] x [inner, out] repeated on one weight (it stays in cache: a best case)."""
+    """TFLOPS of [rows, inner] x [inner, out] repeated on one weight (the MLP's stays in cache: a best
+    case; the head's 272 MB does not)."""
     x = torch.randn(rows, inner, device=device, dtype=dtype)
     w = torch.randn(out, inner, device=device, dtype=dtype)
     calls = 8
@@ -176,7 +181,8 @@ class FloorSizes:
     @classmethod
     def quick(cls) -> "FloorSizes":
         """A smoke run's sizes: seconds on a tiny model."""
-        return cls(2, 16, 4, 24, [1, 4], 4, 8, 2, 32, 1, 5, 1)
+        return cls(prefill_prompts=2, prefill_tokens=16, eval_prompts=4, eval_prompt_tokens=24, decode_lanes=[1, 4],
+                   decode_steps=4, decode_prompt_tokens=8, train_rows=2, train_tokens=32, probes=1, top=5, rounds=2)
 
 
 def random_prompts(count: int, length: int, words: int, seed: int) -> list[list[int]]:
@@ -193,7 +199,7 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
     settings = lambda n: SamplerSettings(max_new_tokens=n, max_blocks=0, seed=0)  # no fork: a step is N rows
     run = lambda prompts, n: sample(model, prompts, policy, settings(n), eos_ids=[])
     head = dense_layers(model)[1]
-    probes = Table(title="0a. this machine's matrix products, one weight in cache (the best case), TFLOPS")
+    probes = Table(title="0a. this machine's matrix products, one weight repeated (the MLP's stays in cache), TFLOPS")
     for column in ("product", *(str(dtype).removeprefix("torch.") for dtype in PROBE_DTYPES)):
         probes.add_column(column, justify="right")
     mlp = model.config.intermediate_size
@@ -205,6 +211,7 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
         probes.add_row(f"[{rows} x {inner}] . [{inner} x {out}]", *(f"{t:.2f}" for t in tflops))
     console.print(probes)
 
+    timing_started = os.getloadavg()[0]
     P, T = sizes.prefill_prompts, sizes.prefill_tokens
     prompts = random_prompts(P, T, words, 0)
     S = sizes.decode_steps
@@ -231,6 +238,7 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
                      "work": (lambda p: lambda: run(p, 1 + S))(lane_prompts),
                      "baseline": (lambda p: lambda: run(p, 1))(lane_prompts)})
     batch, weighted = training_batch(tokenizer, words, sizes.train_rows, sizes.train_tokens, device)
+    was_training = model.training
     model.train()
 
     def train_read():
@@ -243,13 +251,13 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
                  "seconds": best_seconds(train_read, device, sizes.rounds), "tokens": sizes.train_rows * sizes.train_tokens,
                  "floor": linear_floor(model, sizes.train_rows * sizes.train_tokens, head_rows=weighted, backward=True,
                                        repeats=sizes.rounds), "work": train_read, "baseline": None})
+    load = load_average(timing_started)  # over the timing of every phase (the profiles and memory come after)
     table = Table(title="0b. nanopar against the floor: this machine's own dense layers over the same rows (bench/floor.py)")
     for column in ("phase", "nanopar ms", "floor ms", "x the floor", "floor TFLOPS", "floor GB/s (weights)", "tokens/s",
                    "peak MB added", "load"):
         table.add_column(column, justify="right")
     report["phases"] = []
     for row in rows:
-        before = os.getloadavg()[0]
         floor, seconds = row["floor"], row["seconds"]
         row["peak_mb"] = peak_added(row["work"], device) / MB  # the whole call (a decode phase's: 1 + S tokens)
         row["top"] = profile_top(row.pop("work"), device, sizes.top, row.pop("baseline"))
@@ -257,12 +265,13 @@ def floor_part(model, tokenizer, sizes: FloorSizes, console) -> dict:
                  "floor_flops": floor.flops, "floor_weight_bytes": floor.weight_bytes, "rows": row["rows"],
                  "head_rows": row["head_rows"], "peak_mb": row["peak_mb"],
                  "floor_tflops": floor.flops / floor.seconds / 1e12, "floor_gb_per_s": floor.weight_bytes / floor.seconds / 1e9,
-                 "tokens_per_second": row["tokens"] / seconds, "top": row["top"], "load": load_average(before)}
+                 "tokens_per_second": row["tokens"] / seconds, "top": row["top"], "load": load}
         report["phases"].append(entry)
         table.add_row(entry["phase"], f"{1000 * seconds:,.1f}", f"{1000 * floor.seconds:,.1f}", f"{entry['ratio']:.2f}",
                       f"{entry['floor_tflops']:.2f}", f"{entry['floor_gb_per_s']:.1f}", f"{entry['tokens_per_second']:,.1f}",
                       f"{entry['peak_mb']:,.0f}", entry["load"])
-    model.eval()
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
     table.caption = ("decode step = (a call of 1 + S tokens - a call of 1) / S; prefill = the call of 1 - a step (the "
                      "evaluation batch's: less a decode step of as many lanes, where one was timed); tokens/s: the phase's tokens "
                      "(prompt tokens, lanes, trained tokens) a second; peak MB added: one call (the resident set on a CPU, "
@@ -293,4 +302,4 @@ def training_batch(tokenizer, words: int, rows: int, tokens: int, device):
                          + ids[2 * third:] + [tags.path_close, tags.block_close, tags.summary_open, tags.summary_close])
     batch = make_batch(random_prompts(rows, prompt, words, 8), responses, [[1.0] * len(r) for r in responses],
                        pad_id=tokenizer.pad_token_id or 0, device=device)
-    return batch, int(batch.target_mask.sum())
+    return batch, int((batch.target_mask > 0).sum())

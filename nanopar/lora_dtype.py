@@ -22,8 +22,8 @@ float32 input (a float32 model, bitsandbytes' 4-bit layers computing in float32 
 detour to skip: peft's forward runs, bit for bit as before.
 
 Not here (peft's own forward runs them): float32, merged or disabled adapters, mixed adapter batches
-(`adapter_names=`), LoRA variants (DoRA, ...), LoRA with a bias, layers other than a linear or
-a bitsandbytes 4-bit linear.
+(`adapter_names=`), LoRA variants (DoRA, ...), LoRA with a bias; LoRA on layers other than a
+linear or a bitsandbytes 4-bit linear is refused (nanopar adapts the projections only).
 """
 
 from __future__ import annotations
@@ -31,21 +31,29 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit  # bitsandbytes is a dependency
+from peft.tuners.lora.layer import VARIANT_KWARG_KEYS, LoraLayer
 from peft.tuners.lora.layer import Linear as LoraLinear
+
+from . import NanoparError
 
 
 class BaseDtypeLora:
     """The forward of a peft LoRA linear, in the base's dtype (module docstring). Mixed into a
     subclass of each peft layer class it serves; `use_base_dtype_lora` swaps the classes."""
 
+    copy_base_output = False  # bitsandbytes' 4-bit layer: its output may not be written in place
+
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        # peft's own forward where there is no detour to skip (float32 meets float32 adapters) and
+        # for what this one leaves out (module docstring)
         if x.dtype == torch.float32 or self.disable_adapters or self.merged or kwargs.get("adapter_names") is not None \
                 or any(name in self.lora_variant or self.lora_bias.get(name, False) for name in self.active_adapters):
-            return super().forward(x, *args, **kwargs)  # float32 meets float32 adapters: no detour to skip
-        self._check_forward_args(x, *args, **kwargs)
+            return super().forward(x, *args, **kwargs)
+        for key in ("adapter_names", *VARIANT_KWARG_KEYS):  # peft's own arguments, not the base layer's
+            kwargs.pop(key, None)
         result = self.base_layer(x, *args, **kwargs)  # [..., out] in the base's dtype
-        if result._is_view():  # bitsandbytes' 4-bit output, a view made in its autograd Function: autograd
-            result = result.clone()  # forbids writing that in place (peft clones it too)
+        if self.copy_base_output:  # a view made inside bitsandbytes' autograd Function: autograd forbids
+            result = result.clone()  # writing it in place (peft's 4-bit forward copies it too)
         flat = result.view(-1, result.shape[-1])  # [n, out]
         for name in self.active_adapters:
             if name not in self.lora_A:
@@ -64,14 +72,19 @@ class BaseDtypeLoraLinear(BaseDtypeLora, LoraLinear):
 
 
 class BaseDtypeLoraLinear4bit(BaseDtypeLora, LoraLinear4bit):
-    pass
+    copy_base_output = True
 
 
 CLASSES = {LoraLinear: BaseDtypeLoraLinear, LoraLinear4bit: BaseDtypeLoraLinear4bit}  # peft's class -> ours
 
 
 def use_base_dtype_lora(model) -> int:
-    """Give every peft LoRA linear in `model` the base-dtype forward; returns how many."""
+    """Give every peft LoRA linear in `model` the base-dtype forward; returns how many. A LoRA layer
+    of another kind (an embedding's, a convolution's: nanopar adapts linears only) is refused."""
+    others = sorted({type(m).__name__ for m in model.modules()
+                     if isinstance(m, LoraLayer) and type(m) not in CLASSES and type(m) not in CLASSES.values()})
+    if others:
+        raise NanoparError(f"LoRA on {', '.join(others)}: nanopar's base-dtype forward serves linear layers only")
     layers = [m for m in model.modules() if type(m) in CLASSES]
     for layer in layers:
         layer.__class__ = CLASSES[type(layer)]

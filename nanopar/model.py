@@ -419,9 +419,10 @@ def apply_lora(model, settings: ModelSettings, tag_ids: TagIds):
 
 
 def use_fast_adapter_forwards(model) -> None:
-    """peft's layers in `model` given nanopar's forwards, the same values: the tag rows read row by
-    row (tag_rows.py: no [V, d] copy per forward) and LoRA in the base's dtype (lora_dtype.py: no
-    float32 detour beside a bfloat16 base)."""
+    """peft's layers in `model` given nanopar's forwards: the tag rows read row by row (tag_rows.py:
+    no [V, d] copy per forward, the same values) and LoRA in the base's dtype (lora_dtype.py: no
+    float32 detour beside a bfloat16 base, whose update then carries bfloat16's rounding; a float32
+    model keeps peft's forward, bit for bit)."""
     from .lora_dtype import use_base_dtype_lora
     from .tag_rows import use_rowwise_tag_rows
 

@@ -33,8 +33,11 @@ def test_quick_run_on_a_tiny_model_counts_what_it_decoded(tmp_path):
     for row in (prefill, evaluation, *decode, train):
         backward = 2 if row is train else 1
         assert row["floor_flops"] == 2 * backward * (row["rows"] * per_row + row["head_rows"] * c.hidden_size * V)
-        assert row["ratio"] == pytest.approx(row["seconds"] / row["floor_seconds"]) and row["seconds"] > 0
+        # (a prefill's and a decode step's seconds are differences of two calls' times: on a tiny model
+        # a busy machine can make one <= 0, so only the training read's is asserted positive)
+        assert row["ratio"] == pytest.approx(row["seconds"] / row["floor_seconds"]) and row["floor_seconds"] > 0
         assert 0 < len(row["top"]) <= 5 and all(op["calls"] >= 0 for op in row["top"]) and row["peak_mb"] >= 0
+    assert train["seconds"] > 0
     assert len(report["floor"]["probes"]) == 1 and all(t > 0 for t in report["floor"]["probes"][0]["tflops"])
 
     # 1. both contestants decoded exactly --new-tokens a lane, no EOS stop

@@ -284,7 +284,7 @@ def assert_same_step(one: tuple[dict, dict], over_two: list[tuple[dict, dict]], 
     assert all(torch.equal(w0[name], w1[name]) for name in w0)  # every process took the same step
     moved = max((weights[name] - start[name]).abs().max().item() for name in weights)
     assert moved > 1e-4  # the step did move the weights
-    for name in weights:  # rtol 1e-4, atol 1e-7, and one ulp of the weight the change is read off (1.2e-7 at 1.0)
+    for name in weights:  # rtol 1e-4, atol 1e-7, and eps x |weight| (1-2 ulps of the weight the change is read off)
         ulp = torch.finfo(torch.float32).eps * weights[name].abs()
         change = (weights[name] - start[name]).abs()
         assert ((w0[name] - weights[name]).abs() <= 1e-7 + ulp + 1e-4 * change).all(), name

@@ -58,8 +58,8 @@ def test_quick_run_forks_samples_and_trains(quick, qwen_tokenizer):
     phases = model["floor"]["phases"]
     assert [p["phase"].split(",")[0] for p in phases] == ["prefill", "prefill", "decode step", "decode step",
                                                           "training micro-batch"]
-    assert all(p["seconds"] > 0 and p["floor_seconds"] > 0 and p["ratio"] == pytest.approx(p["seconds"] / p["floor_seconds"])
-               for p in phases)
+    assert all(p["floor_seconds"] > 0 and p["ratio"] == pytest.approx(p["seconds"] / p["floor_seconds"]) for p in phases)
+    assert phases[-1]["seconds"] > 0  # the training read's, timed directly (the others are differences of two calls)
     assert "0b. nanopar against the floor" in printed
 
 

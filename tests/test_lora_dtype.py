@@ -122,3 +122,31 @@ def test_a_disabled_adapter_is_the_base(dtype):
         plain = base(IDS).logits
     assert torch.equal(disabled, plain)
     assert (trained.float() - plain.float()).abs().max() > 0.05
+
+
+def test_over_bitsandbytes_4bit_layers_computing_in_bfloat16_the_values_and_gradients_hold(tmp_path):
+    """The 4-bit class (what a GPU user's --load-in-4bit gets, bfloat16 compute), here on the CPU:
+    its output is copied before the update is added in place, the numbers are peft's to bfloat16's rounding."""
+    from bitsandbytes.nn import Linear4bit
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from nanopar.lora_dtype import BaseDtypeLoraLinear4bit
+    from nanopar.model import disable_bnb_cpu_repack
+
+    tiny_qwen_model(arch="qwen2", vocab_size=V, hidden_size=D, intermediate_size=MLP).save_pretrained(tmp_path)
+    quantized = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    base = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quantized, dtype=torch.bfloat16,
+                                                device_map="cpu")
+    assert disable_bnb_cpu_repack(base) == 2 * 7
+    model = apply_lora(base, ModelSettings("tiny", lora=True), TAGS)
+    perturb_trainable(model)
+    layers = [m for m in model.modules() if isinstance(m, LoraLinear) or type(m) is BaseDtypeLoraLinear4bit]
+    assert len(layers) == 2 * 7 and all(type(m) is BaseDtypeLoraLinear4bit for m in layers)
+    assert all(isinstance(m.base_layer, Linear4bit) for m in layers)
+    logits, grads = read(model)
+    use_peft_forward(model)
+    peft_logits, peft_grads = read(model)
+    assert (logits - peft_logits).abs().max() <= 0.02 * peft_logits.abs().max()
+    for name, g in grads.items():
+        cosine = torch.nn.functional.cosine_similarity(g.flatten(), peft_grads[name].flatten(), dim=0)
+        assert g.dtype == torch.float32 and cosine > 0.999, (name, cosine)
