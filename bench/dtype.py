@@ -11,7 +11,7 @@ smollm2` loads it, in each dtype, taking turns (best of --repeats rounds after a
    comparison is milliseconds per sampled token.
 2. an SFT step: one `sft_step` on 4 Parallel-GSM8K traces (its first 4, ~600 tokens a row), the
    run's cold-start step; and the peak resident memory it adds.
-3. agreement: the log-probs each dtype's sampler recorded (part 1's call, before any SFT step)
+3. agreement: the log-probs each dtype's sampler recorded (a call of part 1's, before any SFT step)
    against the training read of the same tokens (`trace_logprobs`, the chunked head) in the same
    dtype, the number GRPO's ratio compares them with, and in the other dtype: the largest and
    the mean |difference| over the sampled tokens, nats. The sampler and the trainer of one dtype
@@ -100,13 +100,14 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     models = {dtype: load(dtype, args.model) for dtype in DTYPES}
     best = {dtype: {"sample": float("inf"), "sft": float("inf"), "tokens": 0, "memory": 0} for dtype in DTYPES}
-    gaps = {}  # (sampled in, read in) -> (max, mean)
+    # part 3 first, while both dtypes hold the weights as loaded (part 2's SFT steps move them)
+    sampled = {dtype: sampling(model, tokenizer, policy, args.prompts, args.max_new_tokens)[2]
+               for dtype, (model, tokenizer, policy) in models.items()}
+    gaps = {(dtype, other): agreement(sampled[dtype], models[other][0], models[dtype][1], models[dtype][2])
+            for dtype in DTYPES for other in DTYPES}  # (sampled in, read in) -> (max, mean)
     for round_ in range(args.repeats + 1):  # round 0 warms up
         for dtype, (model, tokenizer, policy) in models.items():
-            seconds, tokens, rollouts = sampling(model, tokenizer, policy, args.prompts, args.max_new_tokens)
-            if round_ == 0:  # the weights as loaded: both dtypes hold the same model
-                for other, (reader, _, _) in models.items():
-                    gaps[(dtype, other)] = agreement(rollouts, reader, tokenizer, policy)
+            seconds, tokens, _ = sampling(model, tokenizer, policy, args.prompts, args.max_new_tokens)
             rise, step = peak_rise(lambda: sft(model, tokenizer, policy))
             if round_ > 0 and seconds / tokens < best[dtype]["sample"] / max(1, best[dtype]["tokens"]):
                 best[dtype].update(sample=seconds, tokens=tokens)
