@@ -1,4 +1,5 @@
-"""What the benchmarks share: peak resident memory of a piece of work, the load average beside it.
+"""What the benchmarks share: peak resident memory of a piece of work, the load average beside it,
+the closing report, and `bench_order` (a reward that gives every group a signal).
 
 On CPU a part's memory is the peak resident set (psutil, sampled every 2 ms by a thread) minus
 the one at its start, after freed heap pages are handed back to the system (glibc `malloc_trim`),
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import itertools
 import json
 import os
 import threading
@@ -21,8 +23,20 @@ import time
 
 import psutil
 
+from nanopar.rewards import register
+
 MB = 2**20
 PAD = 0  # the padding id of the benchmarks' batches
+
+
+ORDER = itertools.count()
+
+
+@register("bench_order", replace=True)
+def bench_order(text, trace, problem) -> float:
+    """The response's place among all scored (0, 1, 2, ...): meaningless, but never equal in a group,
+    so every GRPO group has a signal and a timed step's update always runs (bench/qwen.py, trl_grpo.py)."""
+    return float(next(ORDER))
 
 
 def load_average(before: float) -> str:

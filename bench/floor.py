@@ -134,6 +134,8 @@ def profile_top(fn, device: torch.device, k: int = 8, baseline=None) -> list[dic
     if baseline is not None:
         for key, (calls, ms) in _profile(baseline, device).items():
             ops[key] = (ops.get(key, (0, 0.0))[0] - calls, ops.get(key, (0, 0.0))[1] - ms)
+        # an operation the baseline called as often (the prefill's) is left with timing noise only
+        ops = {key: value for key, value in ops.items() if value[0] > 0}
     total = sum(ms for _, ms in ops.values()) or 1.0
     ranked = sorted(ops.items(), key=lambda item: item[1][1], reverse=True)[:k]
     return [{"op": op, "shapes": shapes[:70], "calls": calls, "ms": ms, "share": ms / total}

@@ -64,7 +64,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: spinn
 import argparse
 import dataclasses
 import gc
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -73,7 +72,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, hand_back_free_memory, load_average, peak_rise, write_report
+from common import MB, hand_back_free_memory, load_average, peak_rise, write_report  # and the bench_order reward
 from floor import FloorSizes, floor_part
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: train.py's presets
@@ -85,7 +84,6 @@ from nanopar.model import ModelSettings, cpu_bf16_instructions, load_model  # no
 from nanopar.optim import make_optimizer  # noqa: E402
 from nanopar.policy import Policy  # noqa: E402
 from nanopar.prompts import build_prompt, instructions_named, stop_ids  # noqa: E402
-from nanopar.rewards import register  # noqa: E402
 from nanopar.sampler import SamplerSettings, sample  # noqa: E402
 from nanopar.sft import sft_step  # noqa: E402
 from nanopar.tags import PARALLEL_R1  # noqa: E402
@@ -93,13 +91,8 @@ from train import PRESETS  # noqa: E402
 
 QWEN = PRESETS["qwen"]  # the "after" settings of part 3, and the prompts' instructions
 PARTS = ("floor", "sampler", "fork", "steps")
-ORDER = itertools.count()
 
 
-@register("bench_order", replace=True)
-def bench_order(text, trace, problem) -> float:
-    """The response's place among all scored (0, 1, 2, ...): meaningless, but never equal in a group."""
-    return float(next(ORDER))
 
 
 def load(name: str, dtype: str):

@@ -66,7 +66,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: spinn
 
 import argparse
 import contextlib
-import itertools
 import tempfile
 import time
 import warnings
@@ -75,7 +74,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, peak_rise, write_report
+from common import MB, peak_rise, write_report  # and the bench_order reward
 
 try:
     import trl
@@ -96,19 +95,14 @@ from nanopar.model import QWEN_PROJECTIONS, ModelSettings, cpu_bf16_instructions
 from nanopar.optim import make_optimizer  # noqa: E402
 from nanopar.policy import Policy  # noqa: E402
 from nanopar.prompts import build_prompt, instructions_named  # noqa: E402
-from nanopar.rewards import as_trl_reward, register  # noqa: E402
+from nanopar.rewards import as_trl_reward  # noqa: E402
 from nanopar.sampler import SamplerSettings  # noqa: E402
 
-ORDER = itertools.count()
 # transformers 5.24 renames gradient checkpointing; TRL 1.16 still reads and sets the old names
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing.* is deprecated", category=FutureWarning)
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}  # ModelSettings' defaults, written out for TRL's peft_config
 
 
-@register("bench_order", replace=True)
-def bench_order(text, trace, problem) -> float:
-    """The response's place among all scored (0, 1, 2, ...): meaningless, but never equal in a group."""
-    return float(next(ORDER))
 
 
 def load(name: str, dtype: str, lora: bool):

@@ -7,8 +7,8 @@ peft keeps LoRA's A [r, in] and B [out, r] in float32 beside a bfloat16 (or floa
     y = y + B(A(x.float())) * s              x cast up, a float32 [..., out] product, scaled, added
     y = y.to(bfloat16)                       and cast back
 
-so every adapted projection writes four float32 tensors of its output's size (on Qwen's MLP
-out = 4,864: most of a LoRA model's prefill, docs/qwen.md "Speed"). `BaseDtypeLora` casts the
+so every adapted projection writes its input cast up and three float32 tensors of its output's
+size (on Qwen's MLP out = 4,864: most of a LoRA model's prefill, docs/qwen.md "Speed"). `BaseDtypeLora` casts the
 adapter's weights down instead (an [r, in] and an [out, r] copy, nothing per row) and adds the
 update to the base's output in one fused multiply-add:
 

@@ -38,6 +38,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoTokenizer
 
 from nanopar import NanoparError, rewards
@@ -132,6 +133,22 @@ def load_char_model(folder, **settings):
     char_tokenizer().save_pretrained(folder)
     torch.manual_seed(0)
     return load_model(ModelSettings(str(folder), **settings))
+
+
+class OpOutputs(TorchDispatchMode):
+    """`with OpOutputs() as ops:` records (operation, dtype, shape) of every tensor each operation
+    inside returns, forward and backward: what a computation allocates, for tests that forbid a kind."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.seen.append((str(func), t.dtype, tuple(t.shape)))
+        return out
 
 
 def perturb_trainable(model, seed: int = 0, scale: float = 0.05) -> None:

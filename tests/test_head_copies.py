@@ -5,11 +5,12 @@ weight expands the weight to [B, d, V] and copies it (sampler.py's prefill says 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import PAD, perturb_trainable
+from conftest import PAD, OpOutputs, perturb_trainable
 from nanopar.forward import make_batch, trace_logprobs
 from nanopar.model import ModelSettings, apply_lora
 from nanopar.policy import Policy
@@ -22,20 +23,10 @@ TAGS = TagIds(*range(V - 6, V))
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]  # three lengths: a padded prefill
 
 
-class HeadCopies(TorchDispatchMode):
-    """Records every tensor an operation returns that holds more than one [d, V] matrix's worth of
+def head_copies(ops: OpOutputs) -> list[tuple[str, tuple]]:
+    """(operation, shape) of each tensor it returned that holds more than one [d, V] matrix's worth of
     numbers and has both a d and a V dimension (the head's weight, copied per row)."""
-
-    def __init__(self):
-        super().__init__()
-        self.found = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and D in t.shape and V in t.shape and t.numel() > D * V:
-                self.found.append((str(func), tuple(t.shape)))
-        return out
+    return [(op, shape) for op, _, shape in ops.seen if D in shape and V in shape and math.prod(shape) > D * V]
 
 
 def frozen_head_model(lora: bool):
@@ -53,20 +44,20 @@ def frozen_head_model(lora: bool):
 def test_a_sampler_call_never_copies_the_head_per_row(lora):
     model = frozen_head_model(lora)
     policy = Policy(TAGS, "structured", 1.0, V)
-    with HeadCopies() as seen:
+    with OpOutputs() as ops:
         rollouts = sample(model, PROMPTS, policy, SamplerSettings(max_new_tokens=10, max_path_tokens=3, seed=0),
                           eos_ids=[], samples_per_prompt=2)
     assert [len(r.ids) >= 10 for r in rollouts] == [True] * 6
-    assert seen.found == []
+    assert head_copies(ops) == []
 
 
 def test_the_prefill_without_the_index_would_copy_it():
     """The guard can fail: the model's own `logits_to_keep=1` on the padded prompts does copy."""
     model = frozen_head_model(lora=True)
     ids = torch.tensor([[0, 0, 3, 4, 5], [6, 7, 8, 9, 10]])  # [2, 5]
-    with torch.no_grad(), HeadCopies() as seen:
+    with torch.no_grad(), OpOutputs() as ops:
         model(input_ids=ids, logits_to_keep=1)
-    assert (2, D, V) in [shape for _, shape in seen.found]
+    assert (2, D, V) in [shape for _, shape in head_copies(ops)]
 
 
 @pytest.mark.parametrize("head_read", ["chunked", "plain"])
@@ -76,8 +67,8 @@ def test_a_training_read_and_its_backward_never_copy_the_head_per_row(head_read)
     response = [20, TAGS.block_open, TAGS.path_open, 21, TAGS.path_close, TAGS.path_open, 22, 23,
                 TAGS.path_close, TAGS.block_close, TAGS.summary_open, 24, TAGS.summary_close, 25]
     batch = make_batch(PROMPTS[:2], [response, response[:4]], [[1.0] * len(response), [1.0] * 4], pad_id=PAD)
-    with HeadCopies() as seen:
+    with OpOutputs() as ops:
         logprobs, _ = trace_logprobs(model, batch, policy, with_entropy=True, head_read=head_read)
         (logprobs * batch.target_mask).sum().backward()
-    assert seen.found == []
+    assert head_copies(ops) == []
     assert all(p.grad is not None for n, p in model.named_parameters() if "lora_B" in n)

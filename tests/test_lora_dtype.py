@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from peft.tuners.lora.layer import Linear as LoraLinear
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import perturb_trainable
+from conftest import OpOutputs, perturb_trainable
 from nanopar.lora_dtype import CLASSES, BaseDtypeLoraLinear
 from nanopar.model import ModelSettings, apply_lora
 from nanopar.tags import TagIds
@@ -42,25 +41,10 @@ def read(model, keep: torch.dtype = torch.float32) -> tuple[torch.Tensor, dict]:
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-class Float32Outputs(TorchDispatchMode):
-    """Records the shape of every float32 tensor an operation returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
-def activations(shapes: list[tuple], rows: int) -> list[tuple]:
-    """The shapes of an MLP projection's output over the sequence, [..., rows, MLP] (the model's own
-    norms work in float32 at width D: not counted)."""
-    return [s for s in shapes if len(s) >= 2 and s[-1] == MLP and s[-2] == rows]
+def activations(ops: OpOutputs, rows: int) -> list[tuple]:
+    """The shapes of the float32 tensors shaped as an MLP projection's output over the sequence,
+    [..., rows, MLP] (the model's own norms work in float32 at width D: not counted)."""
+    return [s for _, dtype, s in ops.seen if dtype == torch.float32 and len(s) >= 2 and s[-1] == MLP and s[-2] == rows]
 
 
 def test_every_lora_linear_gets_the_base_dtype_forward():
@@ -91,13 +75,13 @@ def test_on_a_bfloat16_base_no_float32_activation_is_written_and_the_values_hold
     use_peft_forward(reference)
     exact, exact_grads = read(reference, keep=torch.float64)  # [1, T, V], {name: gradient} in float64
 
-    with Float32Outputs() as seen:
+    with OpOutputs() as seen:
         logits, grads = read(model)
-    assert activations(seen.shapes, IDS.numel()) == []  # no float32 [.., T, MLP] anywhere, forward or backward
+    assert activations(seen, IDS.numel()) == []  # no float32 [.., T, MLP] anywhere, forward or backward
     use_peft_forward(model)
-    with Float32Outputs() as seen_peft:
+    with OpOutputs() as seen_peft:
         peft_logits, _ = read(model)
-    assert activations(seen_peft.shapes, IDS.numel())  # the test can fail
+    assert activations(seen_peft, IDS.numel())  # the test can fail
 
     ours, peft = (logits.double() - exact).abs().max(), (peft_logits.double() - exact).abs().max()
     # both carry the bfloat16 base's rounding; the update's own bfloat16 products add little to it
