@@ -74,7 +74,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, peak_rise, write_report  # and the bench_order reward
+from common import MB, bench_order, peak_rise, write_report
 
 try:
     import trl
@@ -95,11 +95,12 @@ from nanopar.model import QWEN_PROJECTIONS, ModelSettings, cpu_bf16_instructions
 from nanopar.optim import make_optimizer  # noqa: E402
 from nanopar.policy import Policy  # noqa: E402
 from nanopar.prompts import build_prompt, instructions_named  # noqa: E402
-from nanopar.rewards import as_trl_reward  # noqa: E402
+from nanopar.rewards import as_trl_reward, register  # noqa: E402
 from nanopar.sampler import SamplerSettings  # noqa: E402
 
 # transformers 5.24 renames gradient checkpointing; TRL 1.16 still reads and sets the old names
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing.* is deprecated", category=FutureWarning)
+register("bench_order", replace=True)(bench_order)  # both contestants' reward
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}  # ModelSettings' defaults, written out for TRL's peft_config
 
 
