@@ -18,7 +18,8 @@ same command again resumes. `defaults.resolve` applies the preset, a real model'
 model not built from code: no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, budgets for
 real answers) and the "auto" placeholders, and says what it changed. Metrics go to
 <out>/metrics.jsonl, one line per step. After each training stage its model is evaluated on
---eval-data (<stage>/eval.json), and the run ends with a table of every stage side by side.
+--eval-data (<stage>/eval.json), and the run ends with a table of every stage side by side,
+also written as Markdown to <out>/results.md, beside the plot of the metrics, <out>/metrics.png.
 Under torchrun every stage is data-parallel (nanopar/distributed.py: each process a replica of
 the model and a share of each step, rank 0 writes and prints; docs/distributed.md).
 What it leaves out: a model sharded over GPUs (FSDP), vLLM, the full benchmark report with pass@k
@@ -42,7 +43,7 @@ from nanopar.metrics import plot_metrics
 from nanopar.results import stage_result
 from nanopar.rewards import load_reward_file
 from nanopar.runner import open_run
-from nanopar.show import stage_table
+from nanopar.show import markdown, stage_table
 
 
 def summary(config: TrainConfig, stages: list[Stage], chosen: list[Stage]) -> Table:
@@ -142,14 +143,17 @@ def main(argv: list[str] | None = None) -> Path:
         runner.heldout.evaluate(given)
     for stage in chosen:
         runner.run(stage)
-    console.print(summary(config, runner.stages, chosen))
+    table = summary(config, runner.stages, chosen)
+    console.print(table)
     for stage in chosen:  # folder numbers depend on the recipe: say where each model is
         if stage.kind != "distill":
             console.print(f"{stage.name}: {runner.folder(stage) / 'final'}")
     png = runner.out / "metrics.png"
     if distributed.is_main():
         plot_metrics(runner.out / "metrics.jsonl", png)
-    console.print(f"{time.perf_counter() - started:.0f} s; metrics in {runner.out / 'metrics.jsonl'}, plot {png}")
+        (runner.out / "results.md").write_text(markdown(table))
+    console.print(f"{time.perf_counter() - started:.0f} s; metrics in {runner.out / 'metrics.jsonl'}, plot {png}, "
+                  f"this table in {runner.out / 'results.md'}")
     return runner.out
 
 

@@ -5,7 +5,7 @@ span from the token ids (exactly what the sampler and the layout read); the same
 `rollouts.rollout_record`. `progress`: the bar of every long job (plain lines when the output is not a terminal).
 `METRIC_ROWS`: the one list of metric rows (name, kind) every table takes its rows from;
 `stage_table`: the table of stages of train.py and --ablations, drawn from plain results
-(`results.StageResult`). Not here: computing metrics or evaluating a model (evaluation.py, heldout.py).
+(`results.StageResult`); `markdown`: such a table's cells as Markdown (train.py's results.md). Not here: computing metrics or evaluating a model (evaluation.py, heldout.py).
 """
 
 from __future__ import annotations
@@ -210,6 +210,18 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
     if errors:
         table.title = f"{title}; standard error of an accuracy cell <= {100 * max(errors):.1f} points"
     return table
+
+
+def markdown(table: Table) -> str:
+    """A rich table as a Markdown table, its title above it and its caption below: the cells the
+    terminal shows, read back from the table itself, so the file and the screen cannot differ."""
+    def row(cells) -> str:
+        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+    lines = [f"**{table.title}**", ""] if table.title else []
+    lines += [row(column.header for column in table.columns), "|---" + "|---:" * (len(table.columns) - 1) + "|"]
+    lines += [row(cells) for cells in zip(*(column.cells for column in table.columns))]
+    return "\n".join(lines + (["", str(table.caption)] if table.caption else [])) + "\n"
 
 
 def _stage_column(stage) -> dict[str, str]:
