@@ -2,7 +2,7 @@
 
     python sample.py --model Qwen/Qwen3-0.6B --prompt "What is 17 * 23?" --paths 2
     python sample.py --model tiny:qwen3 --schema npr --prompt "2+2?"   # NPR's tags: plans, then steps
-    python sample.py --model runs/toy/stage3 --prompts-file problems.jsonl --samples 4 --json out.json
+    python sample.py --model runs/default/4-rl-hard/final --prompts-file problems.jsonl --samples 4 --json out.json
 
 The model is a hub id, a local model folder, or a nanopar checkpoint (a folder with a LoRA
 adapter and its tokenizer). Prompts come from --prompt or a file: plain text (one prompt per

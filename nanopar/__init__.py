@@ -1,26 +1,28 @@
 """nanopar: teach small Qwen models to think in parallel with reinforcement learning.
 
-Reading order, from the trace to the run (the README's file tree says one line per file):
+Reading order, the README's ("Read the code in this order" says a line per file), first the core:
+one GRPO step, 2,400 lines (to the hundred), in the order a step meets it.
   tags.py      the tag schemas (<Parallel> <Path> <Summary>; NPR's <guideline> <plan> <step> <takeaway>)
-  format.py    the judges: Algorithm 1 of Parallel-R1, NPR's rules, what "a valid parallel trace" means
   trace.py     the lenient reading of a trace into main chain / blocks / paths / summaries, and its stats
   layout.py    the structured ("Unseen") mask and multiverse positions, or causal ("Seen")
   policy.py    `Policy`: the one distribution the sampler draws from and the trainer reads
   kvcache.py   the sampler's cache of lanes: fork a row, merge the rows of a block
   sampler.py   the parallel-branch sampler: fork at <Parallel>, merge after the paths
-  forward.py   the training read of a trace's log-probs (head.py: the chunked LM-head read beside it)
+  forward.py   the training read of a trace's log-probs
   grpo.py      `grpo_step`: sample -> reward -> drop invalid -> group advantages -> update
-  sft.py       cold-start / self-distillation fine-tuning on traces
-  rewards.py, grading.py, data.py, prompts.py, model.py   what a step scores, reads and loads
-               (tag_rows.py: the trainable tag rows read row by row, beside peft's copy of the matrix)
-  curriculum.py  the stage recipes (distill.py: a stage that samples and keeps the traces worth training on)
-  defaults.py  `resolve`: the one road from flags to a run's values (preset, real model, placeholders)
-  runner.py    the stage loop (run_inputs.py: what a run reads; heldout.py: held-out evaluation)
-  results.py   the table's numbers, read from a run folder's files (no model loads)
-  distributed.py  several processes under torchrun: shares of a step, sums over processes, rank 0 writes
-  evaluation.py, show.py   sampling + grading + summaries (eval_report.py: what eval.py adds); trees, tables
-  toy/         the toy world: a task, a programmatic teacher, a tokenizer and model small enough for a CPU
-Not here: the scripts (train.py, eval.py, sample.py, ablations.py) and the benchmarks (bench/).
+  rewards.py   the papers' rewards, what a step scores
+Then the support files, when a question leads there:
+  __init__.py  `NanoparError`, and this reading order
+  format.py, grading.py, head.py   what "valid" means; the final answer read and graded; the chunked read
+  sft.py, optim.py   cold-start / self-distillation fine-tuning on traces; AdamW and its schedule
+  data.py, prompts.py, model.py (tag_rows.py, lora_dtype.py), wheels.py, tiny.py   what a run reads and loads
+  checkpoint.py, metrics.py, config.py, defaults.py   checkpoints, the log, flags, `resolve`
+  curriculum.py (distill.py), runner.py, run_folder.py, run_inputs.py, heldout.py, results.py   the run
+  distributed.py   several processes under torchrun: shares of a step, sums over processes, rank 0 writes
+  rollouts.py, evaluation.py, eval_report.py, show.py   sampling + grading + summaries; trees, tables
+  toy/         the toy world: the task (task.py), its teachers, its model and data (source.py)
+  benchmarks/  the shipped data sets
+And outside the library: train.py, ablations.py, sample.py, eval.py; bench/, tests/, docs/.
 """
 
 __version__ = "0.1.0"

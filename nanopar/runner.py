@@ -1,11 +1,14 @@
 """Running the stages of a curriculum: folders, input models, resume, the step loop, evaluation.
 
-    run/
+    runs/default/            the run folder (--out)
       config.json            the resolved TrainConfig
-      metrics.jsonl          one line per step of every stage
+      metrics.jsonl          one line per step of every stage, and one per evaluation
+      metrics.png, results.md  the plot and the final table (train.py writes them at the end)
+      0-model/               with --eval-model: the configured model's eval.json
       1-pretrain/            checkpoint-<step>/ while it runs, final/ and eval.json when done
-      2-cold-start-data/     traces.jsonl (a distill stage writes traces, not a model)
-      3-sft/ ...
+      2-sft/ 3-rl-easy/ 4-rl-hard/   the default recipe's other stages, alike
+      <n>-<name>/traces.jsonl  a distill stage (--sft-data "": cold-start-data; NPR's rejection) writes
+                             traces, not a model
 
 A stage whose `final/` (or `traces.jsonl`) exists is done and skipped, and a stage with checkpoints
 resumes from the latest, when the command would train it the same way (else `open_run` refuses

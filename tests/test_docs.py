@@ -137,7 +137,16 @@ TUTORIAL = ["parallel trace", "Set up", "What `python train.py` does", "Sample t
 GLOSSARY_TERMS = ["structured attention", "the `parallel` reward", "parallel ratio", "acceleration", "tag rows",
                   "strict reading", "PAPO", "Algorithm 1", "Seen / Unseen", "mean@k", "pass@k", "cold start", "GRPO",
                   "multiverse positions", "lane", "zero recompute", "valid parallel trace", "block position",
-                  "critical path", "speedup", "self-distilled", "4-bit + LoRA", "vs its start", "stray tag"]
+                  "critical path", "speedup", "self-distilled", "4-bit + LoRA", "vs its start", "stray tag",
+                  # what a newcomer meets first, and the final table's own rows
+                  "Parallel-R1", "NPR", "trace", "SFT", "RL", "teacher", "the committed teacher", "stage", "run folder",
+                  "preset", "T", "K", "KV cache", "GSM8K", "DAPO", "real checkpoint", "GGUF", "wheel", "memory plan",
+                  "TRL", "answers found", "truncated", "its reward (vs start)"]
+# everyday words the README's prose may write in capitals without a glossary row
+EVERYDAY = {"CPU", "CPUs", "GPU", "GPUs", "GB", "GiB", "MiB", "MIT", "PyPI", "JSON", "CI"}
+# the core of the reading order: the path of one GRPO step, and the most lines it may take
+CORE = ["tags.py", "trace.py", "layout.py", "policy.py", "kvcache.py", "sampler.py", "forward.py", "grpo.py", "rewards.py"]
+CORE_LINES = 3000
 SCRIPTS = {"train.py": train_script, "eval.py": eval_script, "sample.py": sample_script}
 
 
@@ -195,14 +204,62 @@ def test_the_readmes_test_command_is_the_one_ci_runs():
     assert ci in README.read_text().splitlines()
 
 
-def test_the_glossary_defines_the_jargon_and_the_readme_points_to_it():
+def glossary() -> dict[str, str]:
+    """{term cell: meaning} of docs/glossary.md's table."""
     rows = [line.strip().strip("|").split("|", 1) for line in GLOSSARY.read_text().splitlines() if line.startswith("| ")]
-    meanings = {term.strip(): meaning.strip() for term, meaning in rows[1:]}  # the header row left out
+    return {term.strip(): meaning.strip() for term, meaning in rows[1:]}  # the header row left out
+
+
+def test_the_glossary_defines_the_jargon_and_the_readme_points_to_it():
+    """Each listed term is a row of its own (the whole term cell, or one of its comma-separated
+    names) with a meaning of more than a few words."""
+    meanings = glossary()
     for term in GLOSSARY_TERMS:
-        defined = [m for t, m in meanings.items() if term.lower() in t.lower()]
+        defined = [m for t, m in meanings.items() if term == t or term in t.split(", ")]
         assert defined and len(defined[0]) > 30, f"docs/glossary.md does not define {term!r}"
     opening = README.read_text().split("\n## ")[0]
     assert "(docs/glossary.md)" in opening  # before the first section
+
+
+def test_every_abbreviation_the_readmes_prose_uses_is_in_the_glossary():
+    """A word of the README's prose with two capitals or more (SFT, GRPO, DAPO, LoRA, SmolLM2, ...)
+    is named in a term cell of the glossary, or is an everyday one (CPU, GiB): a reader meets no
+    abbreviation the glossary does not explain. Code, inline code and link targets are left out."""
+    text = re.sub(r"`[^`]*`|\]\([^)]*\)", " ", prose(README.read_text()))
+    words = set(re.findall(r"\b[A-Z][A-Za-z0-9]*[A-Z][A-Za-z0-9]*\b", text))
+    assert {"SFT", "GRPO", "TRL", "KV"} <= words  # the premise
+    terms = " ".join(glossary())
+    missing = sorted(w for w in words - EVERYDAY if not re.search(rf"(?<![\w-]){re.escape(w)}(?![\w])", terms))
+    assert not missing, f"docs/glossary.md has no row for {missing}"
+
+
+def reading_order_files(text: str) -> list[str]:
+    """The file names (`x.py`) of a reading order, each at its first mention."""
+    names = re.findall(r"\b\w+\.py\b", text)
+    return sorted(set(names), key=names.index)
+
+
+def test_the_core_is_one_grpo_step_of_the_lines_the_readme_says_and_both_reading_orders_agree():
+    """The README's reading order opens with the core, the files of one GRPO step, and says how
+    many lines they hold (`wc -l`, to the hundred), at most CORE_LINES; nanopar/__init__.py says the
+    same number and lists the same files in the same order, core first; every module is listed."""
+    text = README.read_text()
+    section = text[text.index("## Read the code"):]
+    section = section[:section.index("\n## ")]
+    trees = [block for block in code_blocks(section) if not block.lstrip().startswith(("G =", "import"))]
+    core = [line.split()[0].removeprefix("nanopar/") for line in trees[0].splitlines() if line.startswith("nanopar/")]
+    assert core == CORE
+    lines = sum((ROOT / "nanopar" / name).read_text().count("\n") for name in CORE)
+    assert lines <= CORE_LINES, f"the core holds {lines} lines"
+    said = f"{round(lines, -2):,} lines"
+    assert re.search(rf"\*\*The core: one GRPO step, {said}\*\*", section), f"the README should say {said}"
+    init = importlib.import_module("nanopar").__doc__
+    assert f"one GRPO step, {said}" in init
+    readme_order = reading_order_files("\n".join(trees))
+    assert readme_order == reading_order_files(init), "the README's reading order and nanopar/__init__.py's differ"
+    assert readme_order[:len(CORE)] == CORE
+    modules = {p.name for p in (ROOT / "nanopar").glob("*.py")}
+    assert not sorted(modules - set(readme_order)), "modules missing from the reading order"
 
 
 def command_lines(doc: Path) -> list[str]:
