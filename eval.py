@@ -55,7 +55,7 @@ from nanopar.config import ScriptConfig, parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.defaults import real_defaults, resolve
 from nanopar.eval_report import decode_rate, forked, reward_report, speedup
-from nanopar.evaluation import evaluate, paired_difference, rescore, summarize
+from nanopar.evaluation import evaluate, paired_difference, read_from_text, rescore, summarize
 from nanopar.model import load_with_policy
 from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec
@@ -291,6 +291,10 @@ def rescore_file(path: str, spec: str, console: Console) -> dict:
     parse_reward_spec(spec)  # an unknown reward fails before the file is read
     records = read_jsonl(path)
     results = rescore(records, spec, where=path)
+    from_text = sum(map(read_from_text, records))
+    if from_text:  # saved before records kept token ids, or written elsewhere: lengths are characters
+        console.print(f"[yellow]{from_text} of {len(records)} responses keep no token ids: their traces are read "
+                      "from the text (offsets in characters), not as training reads them[/]")
     groups: dict[str, list[int]] = {}
     for i, record in enumerate(records):
         groups.setdefault(str(record.get("benchmark", "all")), []).append(i)

@@ -127,6 +127,7 @@ class TrainConfig(ScriptConfig):
     checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)
     keep_checkpoints: int = 2  # most recent checkpoints kept per stage (0 = all)
     sample_every: int = 0  # print a sample trace every N RL steps (0 = never)
+    save_rollouts: bool = False  # write every GRPO step's rollouts, with the reward paid for each, to <stage>/rollouts.jsonl (eval.py --rescore reads it; under torchrun rank 0's)
 
 
 def recipe(config: TrainConfig) -> list[Stage]:

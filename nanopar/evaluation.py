@@ -11,7 +11,7 @@ and response, its grade under the strict reading (as training grades) and the fl
 `evaluate` reads records only, so a saved samples.jsonl is summarised or re-scored without the
 model: `summarize` (mean@k under both readings, unbiased pass@k, format-valid rate, parse
 failures, the structure metrics of a GRPO step), `paired_difference` (two summaries of the same
-problems), `rescore` (any reward spec on saved responses). This is what a training run's held-out
+problems), `rescore` (any reward spec on saved responses, on the trace the sampler read). This is what a training run's held-out
 evaluation needs (heldout.py, results.py).
 Not here: decode speed, NPR's speedup and a re-scored reward's distribution (eval_report.py, what
 only eval.py reports); the command line, tables and files (eval.py); LLM judges, majority voting
@@ -36,7 +36,7 @@ from .rewards import RewardResult, parse_reward_spec, response_text, score
 from .sampler import SamplerSettings, sample
 from .rollouts import response_structure, rollout_record
 from .tags import PARALLEL_R1, schema_named
-from .trace import parse_trace
+from .trace import Trace, parse_tagged_ids, parse_trace
 
 
 def evaluate(
@@ -235,14 +235,32 @@ def problem_of(record: dict, where: str = "record") -> Problem:
 
 
 def rescore(records: list[dict], spec: str, where: str = "record") -> list[RewardResult]:
-    """`rewards.score(spec, ...)` on every saved response; the trace is read again from the text
-    (`trace.parse_trace`, character offsets, in the record's "schema", Parallel-R1's when it has
-    none). `where` names the file in errors ("<where>:<line>")."""
+    """`rewards.score(spec, ...)` on every saved response, its trace as `record_trace` reads it:
+    what GRPO paid for it, where the record keeps its token ids. `where` names the file in errors
+    ("<where>:<line>")."""
     parse_reward_spec(spec)  # an unknown reward fails before any grading
     results = []
     for number, record in enumerate(records, 1):
         problem = problem_of(record, f"{where}:{number}")
-        text = record["response"]
-        schema = schema_named(record.get("schema", PARALLEL_R1.name))
-        results.append(score(spec, text, parse_trace(text, schema), problem))
+        results.append(score(spec, record["response"], record_trace(record, f"{where}:{number}"), problem))
     return results
+
+
+def record_trace(record: dict, where: str = "record") -> Trace:
+    """The trace a reward reads of a saved response. A record that keeps its token ids and the tags'
+    ids (`rollouts.rollout_record`) gives the sampler's own reading, the one training hands the
+    reward: offsets in tokens, and a tag written as pieces of text is text. Any other (a record
+    saved before, a trace written elsewhere) is read from its text: offsets in characters, so a
+    reward that reads lengths or positions differs (`read_from_text` counts them)."""
+    schema = schema_named(record.get("schema", PARALLEL_R1.name))
+    if read_from_text(record):
+        return parse_trace(record["response"], schema)
+    try:
+        return parse_tagged_ids(record["ids"], record["tag_ids"], schema)
+    except NanoparError as error:
+        raise NanoparError(f"{where}: {error}") from None
+
+
+def read_from_text(record: dict) -> bool:
+    """Whether `record_trace` reads the record's trace from its text (it keeps no token ids)."""
+    return not ("ids" in record and "tag_ids" in record)

@@ -1,6 +1,6 @@
 """A rollout as data: its JSON record and its structure, both read from its token ids.
 
-    rollout_record(rollout, tokenizer)   ids, text, sampled mask, log-probs, structure (token offsets), stats
+    rollout_record(rollout, tokenizer)   ids, tag ids, text, sampled mask, log-probs, structure (token offsets), stats
     response_structure(rollout)          blocks, paths, positions, lengths, finish: what metrics average
 
 A `sampler.Rollout` holds the ids the sampler wrote and the `trace.Trace` read from them; these two
@@ -21,16 +21,19 @@ drawing a rollout as a tree (show.py).
 from __future__ import annotations
 
 from .format import check_parallel
+from .tags import TagIds
 from .trace import trace_stats
 
 
 def rollout_record(rollout, tokenizer) -> dict:
-    """A JSON-ready dict: ids, text, sampled mask, log-probs, structure (token offsets), stats."""
+    """A JSON-ready dict: ids, the tags' ids by role, text, sampled mask, log-probs, structure
+    (token offsets), stats."""
     trace = rollout.trace
     return {
         "prompt": tokenizer.decode(rollout.prompt_ids, skip_special_tokens=False),
         "prompt_ids": rollout.prompt_ids,
         "ids": rollout.ids,
+        "tag_ids": TagIds.from_tokenizer(tokenizer, trace.schema).roles(),  # with ids: the trace as sampled (record_trace)
         "text": tokenizer.decode(rollout.ids, skip_special_tokens=False),
         "sampled": rollout.sampled,
         "logprobs": rollout.logprobs,

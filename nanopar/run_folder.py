@@ -44,7 +44,7 @@ RESULT_FLAGS = {  # by kind of stage: the flags besides its recipe entry that ch
 # a stage's recipe entry, a test checks the split is complete)
 BOOKKEEPING = ("out", "recipe", "stages", "skip", "plot", "preset", "ablations", "restart", "baseline", "device",
                "micro_batch", "micro_batch_tokens", "gradient_checkpointing", "head_read", "checkpoint_every",
-               "keep_checkpoints", "sample_every", "eval_data", "eval_problems", "eval_samples", "eval_batch",
+               "keep_checkpoints", "sample_every", "save_rollouts", "eval_data", "eval_problems", "eval_samples", "eval_batch",
                "eval_model")
 
 

@@ -43,6 +43,7 @@ from .config import save_config
 from .curriculum import Stage, TrainConfig, recipe, select, stage_folder, starting_stage
 from .data import write_jsonl
 from .distill import BUDGET_CUTS, keep_traces, nothing_kept
+from .evaluation import sample_record
 from .grpo import GRPOSettings, Reference, grpo_step
 from .heldout import HeldOut
 from .metrics import MetricsLog
@@ -56,6 +57,8 @@ from .sampler import SamplerSettings
 from .sft import sft_step
 from .show import progress, trace_tree
 from .tags import schema_named
+
+ROLLOUTS = "rollouts.jsonl"  # a GRPO stage's saved rollouts (--save-rollouts), beside its final/
 
 transformers.logging.disable_progress_bar()  # no "Writing model shards" bar at every checkpoint
 
@@ -89,6 +92,7 @@ class Runner:
                                               config.tag_lr_scale if stage.kind == "sft" else 1.0)
         step = load_trainer_state(checkpoint, optimizer, scheduler) if checkpoint else 0
         self.log.drop_after(stage.name, step)  # lines written after the checkpoint (or by a start killed before one)
+        MetricsLog(folder / ROLLOUTS).drop_after(stage.name, step)  # likewise the saved rollouts (--save-rollouts)
         if checkpoint:
             self.console.print(f"{stage.name}: resumed from {checkpoint.name}")
         steps_of = self.sft_steps if stage.kind == "sft" else self.grpo_steps
@@ -155,10 +159,23 @@ class Runner:
             sampling = SamplerSettings.from_flags(config, seed=sampling_seed(config.seed, stage, step))
             rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
                                           settings, schedule.spec(step), reference, scheduler)
+            paid = metrics.pop("paid")  # [B * G] one number per rollout: saved below, not logged
+            if config.save_rollouts:
+                self.save_rollouts(stage, step, rollouts, batch, paid, metrics["reward_spec"], model, tokenizer)
             if config.sample_every and (step + 1) % config.sample_every == 0:
                 self.console.print(trace_tree(rollouts[0], tokenizer, title=f"{stage.name} step {step + 1}"))
             return metrics
         return one_step
+
+    def save_rollouts(self, stage: Stage, step: int, rollouts, problems, paid: list[float], spec: dict, model,
+                      tokenizer) -> None:
+        """Append a GRPO step's rollouts to <stage>/rollouts.jsonl, as evaluation records (what
+        eval.py --rescore reads) with the step, the reward spec and the reward each was paid."""
+        G, eos = self.config.group_size, stop_ids(model, tokenizer)
+        log = MetricsLog(self.folder(stage) / ROLLOUTS)  # MetricsLog: rank 0 appends, flushed line by line
+        for i, rollout in enumerate(rollouts):
+            log.write(sample_record(rollout, problems[i // G], i % G, tokenizer, eos)
+                      | {"stage": stage.name, "step": step + 1, "reward_spec": spec, "paid": paid[i]})
 
     def run(self, stage: Stage) -> None:
         """Run a stage unless it is done, then evaluate its model (training stages)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import NanoparError
 from .tags import PARALLEL_R1, TagIds, TagSchema, find_tags
 
 
@@ -142,11 +143,24 @@ def parse_trace(text: str, schema: TagSchema = PARALLEL_R1) -> Trace:
 def parse_ids(ids, tag_ids: TagIds | None) -> Trace:
     """Read a sequence of token ids (a list or 1-D tensor); offsets are token indices.
     `tag_ids` None: no id is a tag (plain decoding)."""
-    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
     if tag_ids is None:
         return _read([], len(ids), PARALLEL_R1)
-    names = tag_ids.names()
-    return _read([(i, i + 1, names[t]) for i, t in enumerate(ids) if t in names], len(ids), tag_ids.schema)
+    return parse_tagged_ids(ids, tag_ids.roles(), tag_ids.schema)
+
+
+def parse_tagged_ids(ids, roles: dict[str, int], schema: TagSchema = PARALLEL_R1) -> Trace:
+    """`parse_ids` given the tags' ids by role ({"block_open": 151665, ...}), as a saved record
+    keeps them: the sampler's own reading again, without its tokenizer.
+
+    >>> parse_tagged_ids([7, 0, 2, 9, 3, 2, 9, 3, 1, 4, 9, 5], dict(zip(PARALLEL_R1.roles(), range(6)))).blocks[0].valid
+    True
+    """
+    if set(roles) != set(schema.roles()):
+        raise NanoparError(f"tag ids by role {sorted(roles)}: schema {schema.name!r} has the roles "
+                           f"{sorted(schema.roles())}")
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    names = {i: role for role, i in roles.items()}
+    return _read([(i, i + 1, names[t]) for i, t in enumerate(ids) if t in names], len(ids), schema)
 
 
 def read_tag(state: str, role: str, schema: TagSchema = PARALLEL_R1) -> tuple[str, bool]:

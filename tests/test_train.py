@@ -56,18 +56,21 @@ def crash_on_call(monkeypatch, n, error):
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    straight = train.main(["--out", str(tmp_path / "a"), *SMALL])
+    straight = train.main(["--out", str(tmp_path / "a"), *SMALL, "--save-rollouts"])
     metrics = read_metrics(straight)
     assert [m["step"] for m in metrics if m.get("stage") == "rl-easy" and "step" in m] == [1, 2, 3]
     assert (straight / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     # the same run, killed during rl-easy's third step (the 3rd sampling call), then run again
     crash_on_call(monkeypatch, 3, RuntimeError("power cut"))
     with pytest.raises(RuntimeError, match="power cut"):
-        train.main(["--out", str(tmp_path / "b"), *SMALL])
+        train.main(["--out", str(tmp_path / "b"), *SMALL, "--save-rollouts"])
     assert latest_checkpoint(tmp_path / "b" / "3-rl-easy").name == "checkpoint-2"
     monkeypatch.undo()
-    resumed = train.main(["--out", str(tmp_path / "b"), *SMALL])
+    resumed = train.main(["--out", str(tmp_path / "b"), *SMALL, "--save-rollouts"])
     a, b = final_weights(straight), final_weights(resumed)
+    saved = [read_jsonl(run / "3-rl-easy" / "rollouts.jsonl") for run in (straight, resumed)]  # step 3's once
+    assert [r["step"] for r in saved[1]] == [1] * 8 + [2] * 8 + [3] * 8
+    assert [(r["ids"], r["paid"]) for r in saved[0]] == [(r["ids"], r["paid"]) for r in saved[1]]
     assert max((a[n] - b[n]).abs().max().item() for n in a) <= 1e-6
     assert any((a[n] - weights(tmp_path / "a" / "2-sft" / "final")[n]).abs().max() > 0 for n in a)  # training did move them
     lines = read_metrics(resumed)
