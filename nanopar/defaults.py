@@ -30,6 +30,7 @@ import torch
 from . import NanoparError
 from .checkpoint import trained_with
 from .config import flags_given
+from .curriculum import recipe, select
 from .data import MIX, heldout_set_of, load_problems, mix_parts, source_for
 from .model import cpu_bf16_instructions, is_built
 from .run_folder import default_out
@@ -97,6 +98,8 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
         if field not in given:
             put(field, value)
     chosen = given | set(preset_fields)  # a preset for a real model outranks its defaults
+    if training and config.start_from:  # before the model's defaults: they are the started-from model's
+        _start_from(config, given, put)
     if config.model and not built_from_code(config.model):
         for field, value in real_defaults(training).items():
             if hasattr(config, field) and field not in chosen:
@@ -107,6 +110,8 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
         _resolve_training_placeholders(config, put)
         if config.recipe == "npr":
             _resolve_npr_data(config, put, chosen)
+        if config.start_from:
+            _skip_before_start(config, put)
     else:  # a checkpoint evaluated or sampled as it was trained: its tags, attention and positions
         trained = trained_with(config.model)
         for field in ("mode", "path_stride", "instructions"):
@@ -116,6 +121,26 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
     if config.schema == "npr" and "paths" not in given:
         put("paths", NPR_PLANS)  # the model chooses its branch count: up to NPR's engine's, not K = 2 or 3
     return changed
+
+
+def _start_from(config, given: set, put) -> None:
+    """--start-from X: X is the model (`_skip_before_start` then leaves out the recipe's stages
+    before the first of --stages, so that stage starts from the configured model)."""
+    if "model" in given:
+        raise NanoparError("--start-from is the model the run starts from: give it or --model, not both")
+    if not os.path.exists(config.start_from):
+        raise NanoparError(f"--start-from {config.start_from}: no such folder (a stage's final/ or checkpoint-N/)")
+    if config.stages == "all":
+        raise NanoparError("--start-from needs --stages: the stages to run from it (e.g. --stages rl-easy)")
+    put("model", config.start_from)
+
+
+def _skip_before_start(config, put) -> None:
+    """--start-from: leave out the recipe's stages before the first of --stages."""
+    stages = recipe(config)
+    first = stages.index(select(stages, config.stages)[0])
+    if first:
+        put("skip", ",".join(filter(None, [config.skip, *(s.name for s in stages[:first])])))
 
 
 def on_cpu(device: str) -> bool:

@@ -64,17 +64,25 @@ def register(name: str, replace: bool = False) -> Callable[[RewardFn], RewardFn]
 
 
 def load_reward_file(path: str) -> list[str]:
-    """Import a user's Python file so its `@register` rewards exist; return the names it added."""
+    """Import a user's Python file so its `@register` rewards exist; return the names it added.
+    Loading the same file again (a second command in one process) replaces its own rewards."""
     import importlib.util
     from pathlib import Path
 
     if not Path(path).is_file():
         raise NanoparError(f"reward file not found: {path}")
+    key = str(Path(path).resolve())
+    for name in _FROM_FILE.pop(key, []):
+        REWARDS.pop(name, None)
     before = set(REWARDS)
     spec = importlib.util.spec_from_file_location(f"nanopar_user_rewards_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # a bug in the user's file raises here, with its own traceback
-    return sorted(set(REWARDS) - before)
+    _FROM_FILE[key] = sorted(set(REWARDS) - before)
+    return _FROM_FILE[key]
+
+
+_FROM_FILE: dict[str, list[str]] = {}  # a loaded reward file (resolved path) -> the names it registered
 
 
 def get_reward(name: str) -> RewardFn:
@@ -277,6 +285,28 @@ def npr_format(text: str, trace: Trace, problem: Problem) -> float:
         return 0.0 if correct else -1.0
     problems = len(trace.stray) + sum(not b.well_formed for b in trace.blocks) + int(trace.truncated)
     return -min(2.0, 1.0 + 0.25 * (max(problems, 1) - 1))
+
+
+BUILT_IN = frozenset(REWARDS)  # the rewards above; a stage that names only these reads no --reward-file
+
+
+def names_user_rewards(text: str) -> bool:
+    """Whether a reward flag (a spec or a schedule) names a reward that is not built in, as one a
+    --reward-file registers: read from the text alone, so a saved run's flag is judged without its file.
+
+    >>> names_user_rewards("accuracy:1,format:0.2"), names_user_rewards("two-phase:100"), names_user_rewards("accuracy,mine:2")
+    (False, False, True)
+    """
+    words = {word.strip() for part in text.split(",") for word in part.split(":")} - {""}
+    return any(word not in BUILT_IN | _RESERVED and not _is_number(word) for word in words)
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- scoring

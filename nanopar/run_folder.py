@@ -8,7 +8,8 @@ settings under the saved config with its settings under the command's, and refus
 naming the flags that differ and the way out (`--out`, or `--restart`, which deletes those stages'
 folders and trains them again). A stage's settings (`stage_settings`) are its recipe entry (data,
 steps, reward, prompt, mode, learning rate, ...), the flags that change the model it makes
-(`RESULT_FLAGS`, by kind of stage) and, recursively, the settings of the stage it starts from and
+(`RESULT_FLAGS`, by kind of stage; --reward-file for a GRPO stage whose reward names one of its
+rewards) and, recursively, the settings of the stage it starts from and
 of the stage whose traces it reads: a changed cold start makes every later stage stale. Flags
 that change nothing a stage makes (`BOOKKEEPING`: where it is written, what is evaluated, memory
 and speed knobs, which change a model only by float rounding) never refuse; the evaluation is
@@ -16,7 +17,8 @@ keyed on its own settings and redone when they change (heldout.py). A stage not 
 simply runs with the command's settings.
 
 `default_out` names the folder when --out is not given: the toy's runs/default, a real model's
-runs/<its name>, NPR's with "-npr" (a preset names its own).
+runs/<its name>, a stage's model runs/<run>-<stage>-final, NPR's with "-npr" (a preset names its
+own); `check_out` refuses a folder that holds the run's input model.
 Not here: resuming a stage from a checkpoint (runner.py, checkpoint.py).
 """
 
@@ -29,9 +31,10 @@ from pathlib import Path
 
 from . import NanoparError
 from .curriculum import Stage, TrainConfig, stage_folder, starting_stage
+from .rewards import names_user_rewards
 
 MODEL = ("model", "load_in_4bit", "dtype", "lora", "lora_rank", "lora_alpha", "lora_dropout", "schema",
-         "path_stride", "chat", "seed", "limit", "question_field", "answer_field", "reward_file")
+         "path_stride", "chat", "seed", "limit", "question_field", "answer_field")
 SAMPLING = ("temperature", "paths", "max_new_tokens", "max_blocks", "max_path_tokens", "top_p", "top_k")
 OPTIMISER = ("warmup_steps", "weight_decay", "max_grad_norm")
 RESULT_FLAGS = {  # by kind of stage: the flags besides its recipe entry that change what it makes
@@ -40,9 +43,10 @@ RESULT_FLAGS = {  # by kind of stage: the flags besides its recipe entry that ch
                                             "loss_agg", "kl_beta"),
     "distill": MODEL + SAMPLING + ("distill_problems",),
 }
+PER_STAGE = ("reward_file",)  # flags only some stages read: `stage_settings` adds them to those
 # flags that change no stage's model or traces (every other TrainConfig field is in RESULT_FLAGS or feeds
 # a stage's recipe entry, a test checks the split is complete)
-BOOKKEEPING = ("out", "recipe", "stages", "skip", "plot", "preset", "ablations", "restart", "baseline", "device",
+BOOKKEEPING = ("out", "start_from", "recipe", "stages", "skip", "plot", "preset", "ablations", "restart", "baseline", "device",
                "micro_batch", "micro_batch_tokens", "gradient_checkpointing", "head_read", "checkpoint_every",
                "keep_checkpoints", "sample_every", "save_rollouts", "eval_data", "eval_problems", "eval_samples", "eval_batch",
                "eval_model")
@@ -51,13 +55,22 @@ BOOKKEEPING = ("out", "recipe", "stages", "skip", "plot", "preset", "ablations",
 def default_out(config: TrainConfig, built: bool) -> str:
     """The folder of a run given no --out: runs/default for a model built from code (the toy),
     runs/<model name> for real weights; "-npr" for NPR's recipe (runs/npr for the toy)."""
-    if built:
-        return "runs/npr" if config.recipe == "npr" else "runs/default"
     parts = [p for p in config.model.replace("\\", "/").split("/") if p]
     name = parts[-1].removeprefix("pypi:").removesuffix(".gguf") if parts else "model"
     if name == "final" or name.startswith("checkpoint-"):  # a stage's model: say which run and stage
         name = "-".join(parts[-3:])
+    elif built:
+        return "runs/npr" if config.recipe == "npr" else "runs/default"
     return f"runs/{name}" + ("-npr" if config.recipe == "npr" else "")
+
+
+def check_out(config: TrainConfig) -> None:
+    """Refuse a run folder that holds the model the run starts from (a stage of another run: its
+    folder is that run's; a stage started from its own run's model is the recipe's, not --model)."""
+    model = Path(config.model)
+    if model.exists() and Path(config.out).resolve() in model.resolve().parents:
+        raise NanoparError(f"--out {config.out} holds the model this run starts from ({config.model}): give this "
+                           "run its own --out (the run that made the model keeps its folder)")
 
 
 def stage_settings(config: TrainConfig, stages: list[Stage], stage: Stage) -> dict:
@@ -65,6 +78,8 @@ def stage_settings(config: TrainConfig, stages: list[Stage], stage: Stage) -> di
     flags of `RESULT_FLAGS[kind]`, and the settings of the stages it starts from and reads."""
     settings = {"stage": dataclasses.asdict(stage),
                 "flags": {name: getattr(config, name) for name in RESULT_FLAGS.get(stage.kind, MODEL)}}
+    if stage.kind == "grpo" and names_user_rewards(stage.reward):  # only the stages that read --reward-file
+        settings["flags"] |= {name: getattr(config, name) for name in PER_STAGE}
     source = starting_stage(stages, stage)
     if source is not None:
         settings["starts from"] = stage_settings(config, stages, source)

@@ -51,7 +51,7 @@ from .model import load_with_policy
 from .optim import make_optimizer
 from .prompts import stop_ids
 from .rewards import schedule_from_string
-from .run_folder import check_reuse
+from .run_folder import check_out, check_reuse
 from .run_inputs import RunInputs
 from .sampler import SamplerSettings
 from .sft import sft_step
@@ -288,6 +288,7 @@ def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runne
     runner = Runner(config, stages, console)
     for note in runner.inputs.check(chosen):  # how many traces are parallel where they should be
         runner.console.print(note, markup=False, highlight=False, soft_wrap=True)
+    check_out(config)  # never into the folder of the run that made the input model
     restarted = check_reuse(config, stages, runner.log)  # a folder trained otherwise: refused
     if restarted:
         runner.console.print(f"--restart: deleted {', '.join(restarted)} of {config.out}; they train again")

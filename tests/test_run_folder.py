@@ -15,7 +15,7 @@ import pytest
 import train
 from nanopar import NanoparError
 from nanopar.curriculum import TrainConfig, recipe
-from nanopar.run_folder import BOOKKEEPING, RESULT_FLAGS
+from nanopar.run_folder import BOOKKEEPING, PER_STAGE, RESULT_FLAGS
 
 TINY = ["--pretrain-steps", "2", "--sft-steps", "1", "--rl-easy-steps", "1", "--rl-hard-steps", "1",
         "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "24", "--max-path-tokens", "8",
@@ -76,7 +76,7 @@ def test_a_changed_model_is_refused(tmp_path):
 def test_every_flag_either_changes_a_stage_or_is_named_bookkeeping():
     """A flag missing from both lists would let a changed folder resume silently: each flag that
     is neither bookkeeping nor a RESULT_FLAGS entry must change some stage's recipe entry."""
-    counted = set(BOOKKEEPING).union(*RESULT_FLAGS.values())
+    counted = set(BOOKKEEPING).union(*RESULT_FLAGS.values(), PER_STAGE)
     bases = [train.resolved_config(flags)[0] for flags in (["--baseline"], ["--sft-data", ""], ["--recipe", "npr"])]
     for field in dataclasses.fields(TrainConfig):
         if field.name in counted:
