@@ -10,6 +10,7 @@
     python train.py --skip rl-easy                     # an ablation: rl-hard right after sft
     python train.py --ablations                        # Parallel-R1's ablations, 7 runs from one base (ablations.py)
     python train.py --plot runs/default                # draw metrics.jsonl as metrics.png
+    python train.py --plot runs/default,runs/my-reward # both runs' curves in one picture, in runs/default
     torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-1.5B-Instruct --load-in-4bit   # 8 GPUs, data-parallel
 
 Every stage runs through the same code: the parallel-branch sampler, rewards.py, GRPO or SFT
@@ -37,13 +38,15 @@ from rich.table import Table
 import ablations
 from nanopar import NanoparError, distributed
 from nanopar.config import parse_config
-from nanopar.curriculum import Stage, TrainConfig, given_stage
+from nanopar.curriculum import Stage, TrainConfig, given_stage, recipe
+from nanopar.data import read_jsonl
 from nanopar.defaults import real_defaults, resolve
-from nanopar.metrics import plot_metrics
+from nanopar.metrics import plot_folders, plot_metrics
 from nanopar.results import stage_result
 from nanopar.rewards import load_reward_file
 from nanopar.runner import open_run
-from nanopar.show import markdown, stage_table
+from nanopar.show import markdown, stage_table, trial_table
+from nanopar.trial import projection, trim
 
 
 def summary(config: TrainConfig, stages: list[Stage], chosen: list[Stage]) -> Table:
@@ -121,6 +124,10 @@ def resolved_config(argv: list[str]) -> tuple[TrainConfig, dict]:
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
     config, resolved = resolved_config(argv)
+    full = None  # --trial: the run it stands for
+    if config.trial:
+        full, trimmed = trim(config, argv, config.trial)
+        resolved |= trimmed
     distributed.init(config.device)  # under torchrun: join the other processes (a single process: nothing)
     distributed.check_same_config(config)
     console = distributed.console()  # prints on rank 0 only
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> Path:
         console.print(f"[dim]defaults resolved: {', '.join(f'{k}={v}' for k, v in resolved.items())} "
                       "(nanopar/defaults.py; config.json has every value)[/]", highlight=False)
     if config.plot:
-        png = plot_metrics(Path(config.plot) / "metrics.jsonl", Path(config.plot) / "metrics.png")
+        png = plot_folders(config.plot.split(","))
         console.print(f"wrote {png}")
         return png
     if config.reward_file:
@@ -152,6 +159,9 @@ def main(argv: list[str] | None = None) -> Path:
     if distributed.is_main():
         plot_metrics(runner.out / "metrics.jsonl", png)
         (runner.out / "results.md").write_text(markdown(table))
+    if full is not None:
+        rows = projection(full, ([given] if given else []) + chosen, recipe(full), read_jsonl(runner.out / "metrics.jsonl"))
+        console.print(trial_table(f"--trial {config.trial}: the run at {full.out} projected from these steps", rows))
     console.print(f"{time.perf_counter() - started:.0f} s; metrics in {runner.out / 'metrics.jsonl'}, plot {png}, "
                   f"this table in {runner.out / 'results.md'}")
     return runner.out

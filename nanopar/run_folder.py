@@ -46,7 +46,7 @@ RESULT_FLAGS = {  # by kind of stage: the flags besides its recipe entry that ch
 PER_STAGE = ("reward_file",)  # flags only some stages read: `stage_settings` adds them to those
 # flags that change no stage's model or traces (every other TrainConfig field is in RESULT_FLAGS or feeds
 # a stage's recipe entry, a test checks the split is complete)
-BOOKKEEPING = ("out", "start_from", "recipe", "stages", "skip", "plot", "preset", "ablations", "restart", "baseline", "device",
+BOOKKEEPING = ("out", "start_from", "trial", "recipe", "stages", "skip", "plot", "preset", "ablations", "restart", "baseline", "device",
                "micro_batch", "micro_batch_tokens", "gradient_checkpointing", "head_read", "checkpoint_every",
                "keep_checkpoints", "sample_every", "save_rollouts", "eval_data", "eval_problems", "eval_samples", "eval_batch",
                "eval_model")

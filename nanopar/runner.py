@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import torch
 import transformers
 from rich.console import Console
 
@@ -119,6 +120,13 @@ class Runner:
                     if config.checkpoint_every and step % config.checkpoint_every == 0 and step < stage.steps:
                         save(f"checkpoint-{step}")
                         prune_checkpoints(folder, config.keep_checkpoints)
+            except torch.OutOfMemoryError:  # the step's state is half-made: the last checkpoint is what resumes
+                last = latest_checkpoint(folder)
+                raise NanoparError(
+                    f"out of memory in {stage.name}, step {step + 1}; the same command resumes from "
+                    f"{last.name if last else 'the stage start'} with --micro-batch-tokens or --gradient-checkpointing "
+                    "(the training read; no --restart), while the sampler's --prompts-per-step, --group-size and "
+                    "--max-new-tokens change the run (--restart, or another --out): docs/gpu.md, Out of memory") from None
             except KeyboardInterrupt:
                 save(f"checkpoint-{step}")
                 raise SystemExit(f"interrupted: saved {folder / f'checkpoint-{step}'}; the same command resumes")
@@ -202,6 +210,10 @@ class Runner:
         if stage.kind != "distill":
             try:
                 self.heldout.evaluate(stage)
+            except torch.OutOfMemoryError:
+                raise NanoparError(f"out of memory evaluating {stage.name} ({self.config.eval_batch} problems a "
+                                   f"sampler call): the same command with --eval-batch {max(self.config.eval_batch // 2, 1)} "
+                                   "evaluates it again, the stage's model is saved (docs/gpu.md, Out of memory)") from None
             except KeyboardInterrupt:  # the stage's model is saved; its evaluation is redone on the next run
                 raise SystemExit(f"interrupted during the evaluation of {stage.name}: its model is saved in "
                                  f"{self.folder(stage) / 'final'}; the same command evaluates it again") from None

@@ -212,6 +212,20 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
     return table
 
 
+def trial_table(title: str, rows: list[dict]) -> Table:
+    """`trial.projection`'s rows: what the trial measured and the run's projected time, a total below."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for header in ("stage", "steps", "s/step", "run steps", "stage s", "eval s", "projected"):
+        table.add_column(header, justify="left" if header == "stage" else "right")
+    clock = lambda seconds: f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+    for r in rows:
+        table.add_row(r["stage"], str(r["trial_steps"]), "-" if r["seconds_a_step"] is None else f"{r['seconds_a_step']:.1f}",
+                      "-" if r["run_steps"] is None else str(r["run_steps"]), f"{r['stage_seconds']:.0f}",
+                      f"{r['eval_seconds']:.0f}", clock(r["projected_seconds"]))
+    table.add_row("the run", "", "", "", "", "", clock(sum(r["projected_seconds"] for r in rows)), style="bold")
+    return table
+
+
 def markdown(table: Table) -> str:
     """A rich table as a Markdown table, its title above it and its caption below: the cells the
     terminal shows, read back from the table itself, so the file and the screen cannot differ."""

@@ -775,3 +775,20 @@ def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(
     assert "sft: 9 of 12 traces are valid parallel traces in the parallel-r1 schema; the other 3 train as" in printed
     assert printed.count("valid parallel traces") == 1  # pretraining's 4,000 sequential traces: not judged
     assert (out / "2-sft" / "final").is_dir()
+
+
+def test_out_of_memory_says_which_flags_resume_and_which_restart(tmp_path, monkeypatch):
+    """A GPU that runs out of memory mid-step, or while evaluating: one line naming the phase, the
+    checkpoint the same command resumes from and the flags that fit it in without --restart."""
+    crash_on_call(monkeypatch, 2, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    with pytest.raises(NanoparError) as error:
+        train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--skip", "sft", "--stages", "rl-easy"])
+    assert one_line(error).startswith("out of memory in rl-easy, step 2; the same command resumes from checkpoint-1 "
+                                      "with --micro-batch-tokens or --gradient-checkpointing")
+    monkeypatch.undo()
+    monkeypatch.setattr(nanopar.heldout, "evaluate", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError()))
+    with pytest.raises(NanoparError) as error:
+        train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--skip", "sft", "--stages", "rl-easy",
+                    "--eval-batch", "16"])
+    assert one_line(error).startswith("out of memory evaluating rl-easy (16 problems a sampler call): the same "
+                                      "command with --eval-batch 8 evaluates it again")
