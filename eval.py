@@ -50,11 +50,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+import nanopar
 from nanopar import NanoparError, distributed
 from nanopar.config import ScriptConfig, parse_config, save_config
 from nanopar.data import load_problems, read_jsonl, write_jsonl
 from nanopar.defaults import real_defaults, resolve
-from nanopar.eval_report import decode_rate, forked, reward_report, speedup
+from nanopar.eval_report import decode_rate, forked, group_keys, reward_report, speedup
 from nanopar.evaluation import evaluate, paired_difference, read_from_text, rescore, summarize
 from nanopar.model import load_with_policy
 from nanopar.prompts import instructions_named
@@ -286,45 +287,77 @@ def compare(paths: tuple[str, ...], console: Console) -> dict:
 # ----------------------------------------------------------------------------- re-scoring
 
 
+SHIPPED_ROLLOUTS = {"toy:rollouts": Path(nanopar.__file__).parent / "toy" / "rollouts.jsonl"}  # nanopar/toy/rollouts.md
+
+
 def rescore_file(path: str, spec: str, console: Console) -> dict:
-    """Re-score a samples.jsonl with a reward spec; the distribution per benchmark and overall."""
+    """Re-score a samples.jsonl with a reward spec; the distribution per benchmark and overall, and
+    what GRPO sees of it in the groups of each prompt (`eval_report.group_signal`)."""
     parse_reward_spec(spec)  # an unknown reward fails before the file is read
+    path = str(SHIPPED_ROLLOUTS.get(path, path))
     records = read_jsonl(path)
     results = rescore(records, spec, where=path)
     from_text = sum(map(read_from_text, records))
     if from_text:  # saved before records kept token ids, or written elsewhere: lengths are characters
         console.print(f"[yellow]{from_text} of {len(records)} responses keep no token ids: their traces are read "
                       "from the text (offsets in characters), not as training reads them[/]")
+    keys = group_keys(records)
     groups: dict[str, list[int]] = {}
     for i, record in enumerate(records):
         groups.setdefault(str(record.get("benchmark", "all")), []).append(i)
     if len(groups) > 1:
         groups["all"] = list(range(len(records)))
-    reports = {name: reward_report([results[i] for i in rows], [records[i].get("correct") for i in rows])
+    reports = {name: reward_report([results[i] for i in rows], [records[i].get("correct") for i in rows],
+                                   [keys[i] for i in rows])
                for name, rows in groups.items()}
-    table = Table(title=escape(f"reward {spec} on {path}"))
+    console.print(rescore_table(f"reward {spec} on {path}", reports))
+    if not any(r["groups"] for r in reports.values()):
+        console.print("no-gradient share and agreement: - (one response per problem: no group to compare "
+                      "within; eval.py --samples 2 or more makes groups)")
+    for name, r in reports.items():
+        print_histogram(console, f"[bold]{escape(name)}[/] reward distribution", r["histogram"])
+        if r["regraded_changed"]:
+            console.print(f"  [yellow]{r['regraded_changed']} response(s) grade differently than when saved[/]")
+    overall = reports["all"] if "all" in reports else next(iter(reports.values()))
+    for component, numbers in overall["per_component"].items() if len(overall["per_component"]) > 1 else []:
+        print_histogram(console, f"[bold]{escape(component)}[/] distribution (all, before weighting)",
+                        numbers["histogram"])
+    return reports
+
+
+def rescore_table(title: str, reports: dict[str, dict]) -> Table:
+    """The rows of `eval_report.reward_report`, a column per benchmark; a spec of several rewards
+    adds each one's rows (its value before weighting)."""
+    table = Table(title=escape(title))
     table.add_column("")
     for name in reports:
         table.add_column(escape(name), justify="right")
     number = lambda v: "-" if v is None else f"{v:.3f}"
+    share = lambda v: "-" if v is None else f"{v:.1%}"
     rows = [("responses", "count", str), ("mean", "mean", number), ("std", "std", number), ("min", "min", number),
-            ("max", "max", number), ("accuracy (graded again)", "accuracy", lambda v: f"{v:.1%}"),
+            ("max", "max", number), ("accuracy (graded again)", "accuracy", share),
             ("r(reward, correct)", "correlation", number), ("mean | correct", "mean_if_correct", number),
-            ("mean | wrong", "mean_if_wrong", number)]
+            ("mean | wrong", "mean_if_wrong", number), ("groups (>= 2 responses)", "groups", str),
+            ("no gradient (reward)", "no_gradient", share),
+            ("no gradient (accuracy)", "no_gradient_accuracy", share),
+            ("agrees with accuracy", "agreement", share), ("std within groups", "group_std", number)]
     for label, key, show in rows:
         table.add_row(label, *[show(r[key]) for r in reports.values()])
-    components = next(iter(reports.values()))["components"]
+    components = next(iter(reports.values()))["per_component"]
     for component in components if len(components) > 1 else []:
-        table.add_row(f"  {component} (mean)", *[number(r["components"][component]) for r in reports.values()])
-    console.print(table)
-    for name, r in reports.items():
-        most = max(r["histogram"].values())
-        console.print(f"[bold]{escape(name)}[/] reward distribution")
-        for value, count in r["histogram"].items():
-            console.print(f"  {value:>16} {'█' * round(30 * count / most):<30} {count}")
-        if r["regraded_changed"]:
-            console.print(f"  [yellow]{r['regraded_changed']} response(s) grade differently than when saved[/]")
-    return reports
+        for label, key, show in (("mean", "mean", number), ("std", "std", number), ("no gradient", "no_gradient", share),
+                                 ("agrees", "agreement", share), ("std within groups", "group_std", number)):
+            table.add_row(f"  {escape(component)}: {label}", *[show(r["per_component"][component][key])
+                                                               for r in reports.values()])
+    return table
+
+
+def print_histogram(console: Console, title: str, counts: dict[str, int]) -> None:
+    """A text histogram: one bar per value or bin, scaled to the largest count."""
+    most = max(counts.values())
+    console.print(title)
+    for value, count in counts.items():
+        console.print(f"  {value:>16} {'█' * round(30 * count / most):<30} {count}")
 
 
 if __name__ == "__main__":

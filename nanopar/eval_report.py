@@ -3,11 +3,13 @@ distribution of a reward re-scored on saved responses.
 
     decode_rate(records)["tokens_per_second"]           # the evaluation's own sampler calls, timed
     speedup(model, tokenizer, problems, policy, settings)["speedup"]   # forking vs not, best of 2 rounds
-    reward_report(rescore(records, "accuracy:1,format:0.2"))           # mean, histogram, r(reward, correct)
+    reward_report(rescore(records, "accuracy:1,format:0.2"), groups=group_keys(records))   # mean, histogram, no-gradient share
 
 Speed reads the records' wall times (`decode_rate`, `forked`) or decodes the prompts again as
 `evaluation.evaluate` would, same batches, seeds and budget, only timed (`speedup`,
-`sequential_rate`). The reward report reads `evaluation.rescore`'s results. Nothing here is part of
+`sequential_rate`). The reward report reads `evaluation.rescore`'s results and, grouped by prompt,
+what GRPO would see of the reward before any training: the share of groups it learns nothing from
+and how often its advantages point the way accuracy's do. Nothing here is part of
 a training run: its held-out evaluation needs only evaluation.py.
 Not here: sampling and grading records, their summary, re-scoring itself (evaluation.py); the
 tables and files (eval.py); the sampler's own benchmarks (bench/).
@@ -104,21 +106,28 @@ def _rate(tokens: int, seconds: float) -> dict:
 # ----------------------------------------------------------------------------- a re-scored reward
 
 
-def reward_report(results: list[RewardResult], saved_correct: list[bool | None] | None = None) -> dict:
-    """The distribution of re-scored rewards and how it goes with correctness.
+def reward_report(results: list[RewardResult], saved_correct: list[bool | None] | None = None,
+                  groups: list | None = None) -> dict:
+    """The distribution of re-scored rewards, how it goes with correctness, and what GRPO sees of it.
 
     `histogram` maps each value to its count (ranges of ten equal bins when there are more than
     ten distinct values); `correlation` is Pearson's r between the reward and the 0/1 correctness of the same grading
     (None when either is constant); `regraded_changed` counts responses whose correctness now
     differs from the saved one (`saved_correct`, None entries skipped): grading changed since.
+    `groups` names each response's group (`group_keys`: the responses of one prompt; None: every
+    response alone); the group numbers are `group_signal`'s, for the reward (`no_gradient`,
+    `agreement`, `group_std`) and for accuracy (`no_gradient_accuracy`). `per_component` gives, for
+    each reward of the spec (its value before weighting), its mean, std, histogram and group numbers.
     """
     if not results:
         raise NanoparError("no records to re-score")
     totals = [r.total for r in results]
     correct = [r.grade.correct for r in results]
+    groups = list(range(len(results))) if groups is None else groups
     right = [t for t, c in zip(totals, correct) if c]
     wrong = [t for t, c in zip(totals, correct) if not c]
     constant = len(set(totals)) < 2 or len(set(correct)) < 2
+    signal = group_signal(totals, correct, groups)
     return {
         "count": len(totals),
         "mean": statistics.fmean(totals),
@@ -133,7 +142,69 @@ def reward_report(results: list[RewardResult], saved_correct: list[bool | None] 
         "mean_if_wrong": statistics.fmean(wrong) if wrong else None,
         "correlation": None if constant else statistics.correlation(totals, [float(c) for c in correct]),
         "regraded_changed": sum(s is not None and s != c for s, c in zip(saved_correct or [], correct)),
+        **signal,
+        "no_gradient_accuracy": group_signal([float(c) for c in correct], correct, groups)["no_gradient"],
+        "per_component": {name: _component(results, name, correct, groups) for name in results[0].components},
     }
+
+
+def _component(results: list[RewardResult], name: str, correct: list[bool], groups: list) -> dict:
+    values = [r.components[name] for r in results]
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values), "histogram": histogram(values),
+            **group_signal(values, correct, groups)}
+
+
+def group_keys(records: list[dict]) -> list[tuple]:
+    """Each record's group, the responses of one prompt: (stage, step, source, id). A training step
+    samples a problem once (its G rollouts); an evaluation's samples of a problem are its group."""
+    return [(r.get("stage"), r.get("step"), r.get("source"), r.get("id")) for r in records]
+
+
+TIE = 1e-9  # rewards closer than this count as equal (float sums of the same components)
+
+
+def group_signal(values: list[float], correct: list[bool], groups: list) -> dict:
+    """What GRPO sees of a reward, over the groups of two or more responses (`groups[i]` names
+    response i's): `groups`, their number; `no_gradient`, the share of them whose rewards are all
+    equal (every advantage 0: GRPO learns nothing from them); `group_std`, the mean over them of
+    the rewards' population std (the spread GRPO compares within, beside the overall std);
+    `agreement`, over the responses whose accuracy advantage (c - group mean of c, c = 0/1) is not
+    0, the share whose reward advantage (r - group mean of r) has the same sign: how often the
+    reward pushes a response the way accuracy would (a response the reward leaves at 0 disagrees).
+    All None without a group of two (one response per problem), `agreement` None without a group
+    that holds a right and a wrong answer.
+
+    >>> s = group_signal([1, 0, 0, 0, 2, 2], [True, False, False, True, True, True], ["a", "a", "b", "b", "c", "c"])
+    >>> # a: the reward ranks as accuracy does (2 agree); b: flat reward, mixed accuracy (2 disagree); c: all right
+    >>> s["groups"], round(s["no_gradient"], 3), s["agreement"], round(s["group_std"], 3)
+    (3, 0.667, 0.5, 0.167)
+    """
+    members: dict = {}
+    for i, key in enumerate(groups):
+        members.setdefault(key, []).append(i)
+    chosen = [rows for rows in members.values() if len(rows) >= 2]
+    if not chosen:
+        return {"groups": 0, "no_gradient": None, "agreement": None, "group_std": None}
+    agree = counted = 0
+    for rows in chosen:
+        reward_signs = _advantage_signs([values[i] for i in rows])
+        for sign, accuracy_sign in zip(reward_signs, _advantage_signs([float(correct[i]) for i in rows])):
+            if accuracy_sign:
+                counted += 1
+                agree += sign == accuracy_sign
+    return {
+        "groups": len(chosen),
+        "no_gradient": statistics.fmean(max(values[i] for i in rows) - min(values[i] for i in rows) <= TIE
+                                        for rows in chosen),
+        "agreement": agree / counted if counted else None,
+        "group_std": statistics.fmean(statistics.pstdev([values[i] for i in rows]) for rows in chosen),
+    }
+
+
+def _advantage_signs(values: list[float]) -> list[int]:
+    """The sign of each value's advantage over its group's mean (-1, 0, 1; within TIE of it: 0)."""
+    mean = statistics.fmean(values)
+    return [0 if abs(v - mean) <= TIE else (1 if v > mean else -1) for v in values]
 
 
 def histogram(values: list[float], bins: int = 10) -> dict[str, int]:

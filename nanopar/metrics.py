@@ -9,7 +9,9 @@ branch count (NPR: the plans the model chose), acceleration (tokens / critical-p
 length and truncation rate. A GRPO step (`rollout_metrics`) and an evaluation
 (`evaluation.summarize`) both call it, so the two cannot count differently; `rollout_metrics`
 adds the rewards, accuracy, answer-parse failures and the share of groups whose rewards are all
-equal (they teach GRPO nothing). `MetricsLog` appends a run's lines; `plot_metrics` draws them.
+equal (they teach GRPO nothing). `MetricsLog` appends a run's lines; `plot_metrics` draws them,
+each logged reward component in its own panel, and `plot_folders` several runs in one picture
+(train.py --plot a,b).
 Not here: the loss-side numbers (grpo.py returns them), the tables (show.py).
 """
 
@@ -20,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from statistics import fmean
 
-from . import distributed
+from . import NanoparError, distributed
 from .data import read_jsonl
 from .rollouts import response_structure
 
@@ -107,34 +109,95 @@ class MetricsLog:
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
-PLOTTED = ("reward", "accuracy", "parallel_ratio", "relative_position")
+PLOTTED = ("reward", "accuracy", "parallel_ratio", "relative_position")  # then each "reward/<name>" logged
+STYLES = ("-", "--", ":", "-.")  # one per run of an overlay
 
 
 def plot_metrics(jsonl: str | Path, png: str | Path) -> Path:
-    """Reward, accuracy, parallel ratio and relative position of <Parallel> over steps, by stage."""
+    """Reward, accuracy, parallel ratio, relative position of <Parallel> and each reward component a
+    multi-reward spec logged ("reward/<name>"), over steps, by stage."""
+    return plot_runs({"": jsonl}, png)
+
+
+def plot_runs(runs: dict[str, str | Path], png: str | Path) -> Path:
+    """`plot_metrics` of several runs ({name: metrics.jsonl}) in the same panels, a line per
+    "<run>/<stage>" (a run named "" labels its stages alone), a line style per run. A component
+    panel is drawn when some run logged it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [r for r in read_jsonl(jsonl) if "reward" in r]  # RL steps
-    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4 * len(PLOTTED), 3.2))
-    offset, stages = 0, list(dict.fromkeys(r["stage"] for r in records))
-    for stage in stages:
-        rows = [r for r in records if r["stage"] == stage]
-        x = [offset + r["step"] for r in rows]
-        for ax, key in zip(axes, PLOTTED):
-            points = [(xi, r[key]) for xi, r in zip(x, rows) if r.get(key) is not None]
-            if points:
-                ax.plot(*zip(*points), label=stage, linewidth=1.2)
-        offset = max(x, default=offset)
-    for ax, key in zip(axes, PLOTTED):
+    logs = {name: [r for r in read_jsonl(jsonl) if "reward" in r] for name, jsonl in runs.items()}  # RL steps
+    keys = panels(logs.values())
+    columns = min(len(keys), 4)
+    rows_of_panels = -(-len(keys) // columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(4 * columns, 3.2 * rows_of_panels), squeeze=False)
+    axes = list(axes.flat)
+    for number, (name, records) in enumerate(logs.items()):
+        _plot_run(axes, keys, records, name, STYLES[number % len(STYLES)])
+    for ax, key in zip(axes, keys):
         ax.set_title(key.replace("_", " "))
         ax.set_xlabel("RL step (stages in sequence)")
         ax.grid(alpha=0.3)
-    if stages:  # a run of SFT stages alone has no RL step to plot
+    for ax in axes[len(keys):]:
+        ax.axis("off")
+    if any(logs.values()):  # a run of SFT stages alone has no RL step to plot
         axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return Path(png)
+
+
+def panels(logs) -> list[str]:
+    """The keys `plot_runs` draws a panel of: PLOTTED, then each "reward/<name>" some line logged.
+
+    >>> panels([[{"reward": 1, "reward/accuracy": 1}], [{"reward": 0, "reward/format": 0, "reward/accuracy": 0}]])[4:]
+    ['reward/accuracy', 'reward/format']
+    """
+    logged = dict.fromkeys(k for records in logs for r in records for k in r if k.startswith("reward/"))
+    return list(PLOTTED) + list(logged)
+
+
+def _plot_run(axes, keys: list[str], records: list[dict], name: str, style: str) -> None:
+    """One run's lines, a line per stage, its stages one after another along the x axis."""
+    offset = 0
+    for stage in dict.fromkeys(r["stage"] for r in records):
+        rows = [r for r in records if r["stage"] == stage]
+        x = [offset + r["step"] for r in rows]
+        for ax, key in zip(axes, keys):
+            points = [(xi, r[key]) for xi, r in zip(x, rows) if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), style, label=f"{name}/{stage}" if name else stage, linewidth=1.2)
+        offset = max(x, default=offset)
+
+
+def plot_folders(folders: list[str | Path]) -> Path:
+    """train.py --plot: one run folder's metrics.jsonl as <folder>/metrics.png; several in one
+    picture, written to the first as metrics-vs-<the others' names joined by '-'>.png."""
+    folders = [Path(f) for f in folders]
+    if not folders:
+        raise NanoparError("--plot needs a run folder (or several, comma-separated)")
+    for folder in folders:
+        if not (folder / "metrics.jsonl").is_file():
+            raise NanoparError(f"{folder}: no metrics.jsonl there (not a train.py run folder, or nothing logged yet)")
+    if len(folders) == 1:
+        return plot_metrics(folders[0] / "metrics.jsonl", folders[0] / "metrics.png")
+    names = [f.resolve().name for f in folders]
+    png = folders[0] / f"metrics-vs-{'-'.join(names[1:])}.png"
+    return plot_runs({name: f / "metrics.jsonl" for name, f in zip(_unique(names), folders)}, png)
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Run labels: the folder names, a repeated one numbered (two runs/x/out folders: out, out#2).
+
+    >>> _unique(["a", "b", "a"])
+    ['a', 'b', 'a#2']
+    """
+    seen: Counter = Counter()
+    labels = []
+    for name in names:
+        seen[name] += 1
+        labels.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return labels
