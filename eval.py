@@ -7,6 +7,7 @@
     python eval.py --model toy:model --benchmarks toy:easy:heldout,gsm8k --limit 8   # machinery only
     python eval.py --compare runs/eval-a/summary.json runs/eval-b/summary.json
     python eval.py --rescore runs/eval/samples.jsonl --reward accuracy:1,format:0.2 [--reward-file f.py]
+    python eval.py --rescore toy:rollouts --reward parallel   # the toy's shipped rollouts, right after install
     torchrun --nproc_per_node 8 eval.py --model ... --benchmarks gsm8k   # sampler calls shared over 8 GPUs
 
 Defaults: the model the README's first command trains (`runs/default/4-rl-hard/final`) on the toy
@@ -30,7 +31,10 @@ speedup is the ratio of the two tokens/s; "-" when nothing forked in those calls
 Writes to --out: config.json (this config), samples.jsonl (one record per problem and sample,
 tagged with its benchmark: prompt, response, grade, structure, the rollout; rewritten after each
 benchmark) and summary.json (the metrics). --rescore grades saved responses again with any reward
-spec, no model needed, and prints the reward's distribution and its correlation with correctness.
+spec, no model needed (an eval.py samples.jsonl, a stage's rollouts.jsonl from train.py
+--save-rollouts, or toy:rollouts), on the trace the sampler read: the reward GRPO paid. It prints
+the reward's distribution, its correlation with correctness, and what GRPO would see of it: the
+share of prompt groups with one reward (no gradient) and how often its advantages agree with accuracy's.
 Under torchrun each process loads the model and makes every N-th sampler call of a benchmark
 (`evaluation.evaluate`: the same records as one process makes); rank 0 times the speedup, writes
 the files and prints. Left out: majority voting (maj@k), LLM judges, confidence intervals, a model
@@ -88,7 +92,7 @@ class EvalConfig(ScriptConfig):
     out: str = "runs/eval"  # folder for config.json, samples.jsonl, summary.json
     # other jobs
     compare: tuple[str, ...] = ()  # two summary.json files: print them side by side with differences, and exit
-    rescore: str = ""  # a samples.jsonl: re-score its responses with --reward, and exit
+    rescore: str = ""  # saved responses (a samples.jsonl, a stage's rollouts.jsonl, or toy:rollouts: shipped): re-score them with --reward, and exit
     reward: str = "accuracy"  # reward spec for --rescore, e.g. "accuracy:1,format:0.2"
     reward_file: str = ""  # a Python file of your own @register rewards, imported first
 

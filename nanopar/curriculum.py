@@ -60,7 +60,7 @@ class TrainConfig(ScriptConfig):
 
     # the run
     out: str = "auto"  # run folder: config, metrics.jsonl, one folder per stage; "auto" = runs/default for the toy, runs/<model name> for real weights, a preset's own (nanopar/run_folder.py)
-    start_from: str = ""  # a saved model (a stage's final/ or checkpoint-N/) that the first of --stages starts from, the stages before it left out: an RL stage alone from a cold start, in a folder of its own (runs/<run>-<stage>-final unless --out)
+    start_from: str = ""  # a saved model (a stage's final/ or checkpoint-N/) that the first of --stages starts from, the stages before it left out: an RL stage alone from a cold start, in a folder of its own (runs/<run>-<stage>-final unless --out), the model evaluated first (--eval-model)
     trial: int = 0  # a trial of the run: each stage N steps, each evaluation one --eval-batch, in <out>-trial; then the whole run's projected time (nanopar/trial.py); 0 = the run itself
     restart: bool = False  # train again the stages of --out whose saved settings differ from this command's (their folders are deleted); without it such a folder is refused
     recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)

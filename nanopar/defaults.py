@@ -128,11 +128,11 @@ def _start_from(config, given: set, put) -> None:
     before the first of --stages, so that stage starts from the configured model)."""
     if "model" in given:
         raise NanoparError("--start-from is the model the run starts from: give it or --model, not both")
-    if not os.path.exists(config.start_from):
-        raise NanoparError(f"--start-from {config.start_from}: no such folder (a stage's final/ or checkpoint-N/)")
     if config.stages == "all":
         raise NanoparError("--start-from needs --stages: the stages to run from it (e.g. --stages rl-easy)")
     put("model", config.start_from)
+    if "eval_model" not in given:  # the started-from model's evaluation: the table's "vs its start"
+        put("eval_model", True)
 
 
 def _skip_before_start(config, put) -> None:

@@ -65,8 +65,11 @@ def default_out(config: TrainConfig, built: bool) -> str:
 
 
 def check_out(config: TrainConfig) -> None:
-    """Refuse a run folder that holds the model the run starts from (a stage of another run: its
-    folder is that run's; a stage started from its own run's model is the recipe's, not --model)."""
+    """Refuse a --start-from that does not exist, and a run folder that holds the model the run
+    starts from (a stage of another run: its folder is that run's; a stage started from its own
+    run's model is the recipe's, not --model)."""
+    if config.start_from and not Path(config.start_from).exists():
+        raise NanoparError(f"--start-from {config.start_from}: no such folder (a stage's final/ or checkpoint-N/)")
     model = Path(config.model)
     if model.exists() and Path(config.out).resolve() in model.resolve().parents:
         raise NanoparError(f"--out {config.out} holds the model this run starts from ({config.model}): give this "

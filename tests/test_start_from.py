@@ -31,7 +31,7 @@ def test_an_rl_stage_alone_from_a_saved_cold_start(tmp_path, monkeypatch, regist
 
     alone = train.main([*SMALL, "--start-from", "runs/default/2-sft/final", "--stages", "rl-easy", *mine])
     assert alone == Path("runs/default-2-sft-final")  # named after the stage it starts from, not runs/default
-    assert sorted(p.name for p in alone.iterdir() if p.is_dir()) == ["1-rl-easy"]
+    assert sorted(p.name for p in alone.iterdir() if p.is_dir()) == ["0-model", "1-rl-easy"]  # its start evaluated
     assert [m["step"] for m in read_metrics(alone) if "step" in m] == [1, 2, 3]
     assert files(original) == untouched
 
