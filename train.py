@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> Path:
         (runner.out / "results.md").write_text(markdown(table))
     if full is not None:
         rows = projection(full, ([given] if given else []) + chosen, recipe(full), read_jsonl(runner.out / "metrics.jsonl"))
-        console.print(trial_table(f"--trial {config.trial}: the run at {full.out} projected from these steps", rows))
+        console.print(trial_table(f"--trial {config.trial}: the run at {full.out} projected from these steps", rows,
+                                  full.max_new_tokens))
     console.print(f"{time.perf_counter() - started:.0f} s; metrics in {runner.out / 'metrics.jsonl'}, plot {png}, "
                   f"this table in {runner.out / 'results.md'}")
     return runner.out

@@ -212,17 +212,21 @@ def stage_table(title: str, columns: list[tuple], extra: dict[str, list[str]] | 
     return table
 
 
-def trial_table(title: str, rows: list[dict]) -> Table:
-    """`trial.projection`'s rows: what the trial measured and the run's projected time, a total below."""
-    table = Table(title=title, box=box.SIMPLE_HEAD)
-    for header in ("stage", "steps", "s/step", "run steps", "stage s", "eval s", "projected"):
+def trial_table(title: str, rows: list[dict], budget: int) -> Table:
+    """`trial.projection`'s rows: what the trial measured and the run's projected time, a total
+    below; `budget` is --max-new-tokens, beside the trial's response lengths."""
+    table = Table(title=title, box=box.SIMPLE_HEAD,
+                  caption=f"timed on the trial's own models: a lower bound where they answer shorter than "
+                          f"the run's will (tokens: the trial's mean response, of {budget})")
+    for header in ("stage", "steps", "s/step", "tokens", "run steps", "stage s", "eval s", "projected"):
         table.add_column(header, justify="left" if header == "stage" else "right")
     clock = lambda seconds: f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+    number = lambda value, form: "-" if value is None else format(value, form)
     for r in rows:
-        table.add_row(r["stage"], str(r["trial_steps"]), "-" if r["seconds_a_step"] is None else f"{r['seconds_a_step']:.1f}",
-                      "-" if r["run_steps"] is None else str(r["run_steps"]), f"{r['stage_seconds']:.0f}",
+        table.add_row(r["stage"], str(r["trial_steps"]), number(r["seconds_a_step"], ".1f"),
+                      number(r["response_tokens"], ".0f"), number(r["run_steps"], "d"), f"{r['stage_seconds']:.0f}",
                       f"{r['eval_seconds']:.0f}", clock(r["projected_seconds"]))
-    table.add_row("the run", "", "", "", "", "", clock(sum(r["projected_seconds"] for r in rows)), style="bold")
+    table.add_row("the run", "", "", "", "", "", "", clock(sum(r["projected_seconds"] for r in rows)), style="bold")
     return table
 
 

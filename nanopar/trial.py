@@ -9,7 +9,10 @@ A stage of the trial runs its first N steps with the run's own batch, lengths an
 settings, so its steps cost what the run's will, and an evaluation samples one full --eval-batch,
 so its peak memory is the run's too. The projection of a training stage is its fixed cost (the
 stage's time less its steps': loading, the final save) plus the median step times the run's
-steps; of an evaluation, its time per sampler call times the run's calls. Not projected: the
+steps; of an evaluation, its time per sampler call times the run's calls. A lower bound where a
+stage samples from a model that trimmed stages trained less than the run's will be (a cold start of
+N steps writes shorter answers, with fewer blocks to fork): the table shows the trial's response
+lengths beside the budget (docs/gpu.md, "The first hour", compares a trial with its run). Not projected: the
 distill stages (the trial runs them whole), the run's own checkpoints (one save a
 --checkpoint-every steps, like the final one), steps that grow longer as a stage goes on.
 """
@@ -61,7 +64,9 @@ def projection(full, trial_stages, full_stages, records: list[dict]) -> list[dic
         fixed = max(done - sum(seconds), 0.0)
         evaluation = evaluated * math.ceil(full.eval_problems / full.eval_batch)  # the trial: one call a set
         training = fixed + per_step * run_steps if seconds else done  # a distill stage: run whole
+        lengths = [r["response_length"] for r in steps if "response_length" in r]  # GRPO steps: tokens a response
         rows.append({"stage": stage.name, "trial_steps": len(steps), "seconds_a_step": per_step,
+                     "response_tokens": statistics.fmean(lengths) if lengths else None,
                      "run_steps": run_steps if seconds else None, "stage_seconds": training,
                      "eval_seconds": evaluation, "projected_seconds": training + evaluation})
     return rows
