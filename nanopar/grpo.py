@@ -147,7 +147,7 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     return rollouts, rollout_metrics(every_rollout, every_result, G) | update | {
         "reward_spec": reward, "dropped_invalid": sum(settings.drop_invalid and not res.layout_ok for res in every_result),
         "skipped_no_signal": not learn,  # no update: nothing kept, or every advantage 0
-        "paid": rewards.tolist(),  # [B * G] each rollout's reward as paid (runner.py saves it with --save-rollouts, not a mean)
+        "paid": [result.total for result in results],  # [B * G] each rollout's reward (runner.py saves it with --save-rollouts)
         "sample_seconds": sampled - started, "train_seconds": trained - sampled,
         "tokens_per_second": tokens / max(sampled - started, 1e-9),
         "kv_cache_mb": max(r.stats.peak_cache_bytes for r in every_rollout) / 2**20,  # the sampler's batched cache

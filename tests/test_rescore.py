@@ -22,13 +22,27 @@ RUN = ["--model", "tiny:qwen3", "--skip", "pretrain,sft", "--stages", "rl-easy",
        "--eval-problems", "0", "--save-rollouts"]
 
 
+USER_REWARD = """
+from nanopar.rewards import register
+from nanopar.trace import trace_stats
+
+@register("saved_share")  # the README's kind of reward: it reads the trace's lengths (tokens in training)
+def saved_share(text, trace, problem):
+    stats = trace_stats(trace)
+    return 1 - stats.critical_path / stats.length if stats.length else 0.0
+"""
+
+
 @pytest.mark.slow
-def test_rescoring_a_stages_saved_rollouts_gives_what_it_paid_for_every_reward(tmp_path, capsys):
+def test_rescoring_a_stages_saved_rollouts_gives_what_it_paid_for_every_reward(tmp_path, capsys, registry):
     """A random tiny model writes tags anywhere (stray tags, cut blocks, blocks of 1-3 paths): every
-    built-in reward, each at its own power of ten so that no two can trade off, re-scored from
-    rollouts.jsonl equals the reward the GRPO step paid, response by response."""
-    spec = ",".join(f"{name}:{10 ** i}" for i, name in enumerate(BUILT_IN))
-    run = train.main(["--out", str(tmp_path), *RUN, "--easy-reward", spec])
+    built-in reward and a user's that reads lengths, each at its own power of ten so that no two
+    can trade off, re-scored from rollouts.jsonl equals the reward the GRPO step paid, response by
+    response."""
+    (tmp_path / "mine.py").write_text(USER_REWARD)
+    spec = ",".join(f"{name}:{10 ** i}" for i, name in enumerate([*BUILT_IN, "saved_share"]))
+    run = train.main(["--out", str(tmp_path / "run"), *RUN, "--easy-reward", spec, "--reward-file",
+                      str(tmp_path / "mine.py")])
     records = read_jsonl(run / "1-rl-easy" / "rollouts.jsonl")
     assert [r["step"] for r in records] == [1] * 12 + [2] * 12
     assert any(r["blocks"] for r in records) and any(r["structure"]["stray"] for r in records)
@@ -37,7 +51,9 @@ def test_rescoring_a_stages_saved_rollouts_gives_what_it_paid_for_every_reward(t
     assert [result.total for result in rescore(records, spec)] == pytest.approx(paid, abs=1e-9)
     steps = [m for m in read_jsonl(run / "metrics.jsonl") if "reward" in m]
     assert [m["reward"] for m in steps] == pytest.approx([statistics.fmean(paid[:12]), statistics.fmean(paid[12:])])
-    report = eval_script.main(["--rescore", str(run / "1-rl-easy" / "rollouts.jsonl"), "--reward", spec])
+    assert any(0 < r.components["saved_share"] < 1 for r in rescore(records, spec))  # some responses forked
+    report = eval_script.main(["--rescore", str(run / "1-rl-easy" / "rollouts.jsonl"), "--reward", spec,
+                               "--reward-file", str(tmp_path / "mine.py")])
     assert report["all"]["mean"] == pytest.approx(statistics.fmean(paid))
     assert "read from the text" not in capsys.readouterr().out
 
