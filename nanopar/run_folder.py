@@ -39,7 +39,7 @@ SAMPLING = ("temperature", "paths", "max_new_tokens", "max_blocks", "max_path_to
 OPTIMISER = ("warmup_steps", "weight_decay", "max_grad_norm")
 RESULT_FLAGS = {  # by kind of stage: the flags besides its recipe entry that change what it makes
     "sft": MODEL + OPTIMISER + ("sft_batch", "sft_schedule", "tag_lr_scale"),
-    "grpo": MODEL + SAMPLING + OPTIMISER + ("prompts_per_step", "group_size", "updates", "clip", "clip_high",
+    "grpo": MODEL + SAMPLING + OPTIMISER + ("prompts_per_step", "group_size", "unbiased_std", "updates", "clip", "clip_high",
                                             "loss_agg", "kl_beta"),
     "distill": MODEL + SAMPLING + ("distill_problems",),
 }

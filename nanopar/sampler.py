@@ -48,7 +48,7 @@ class SamplerSettings:
 
     paths: int = 3  # K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold (default 5, NPR's engine's)
     max_new_tokens: int = 224  # sampled tokens per response, counted over all its branches
-    max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn
+    max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn (Parallel-R1's engine ends the response there, NPR's has no cap: docs/recipes.md)
     max_path_tokens: int = 48  # sampled tokens per path; then </Path> is inserted
     top_p: float = 1.0  # nucleus sampling; 1.0 = off
     top_k: int = 0  # keep the k most likely tokens; 0 = off
@@ -229,6 +229,8 @@ class _Decoder:
         settings, policy = self.settings, self.policy
         logits, lanes = self.prefill(prompts, samples_per_prompt)
         while lanes:
+            # the trainer's policy, nothing more: no repetition penalty (NPR's engine puts 1.02 on its step
+            # branches; the recorded log-probs must be those GRPO's ratio reads, docs/recipes.md)
             tokens, logprobs = draw(logits, policy.temperature, policy.vocab_size, settings.top_k, settings.top_p,
                                     self.banned(lanes, logits), self.generator)  # [N], [N]
             drawn, chosen = tokens.tolist(), logprobs.tolist()

@@ -97,8 +97,9 @@ class TagSchema:
                  (self.path_close, merge[0]), *zip(merge, merge[1:])]
         for before, after in pairs:
             text = re.sub(rf"(?<={re.escape(before)})\s+(?={re.escape(after)})", "", text)
-        if self.numbered:  # the engine writes a step's label right after its tag: "<step>1:", never "<step>\n1:"
-            text = re.sub(rf"(?<={re.escape(self.path_open)})\s+(?=\d+:)", "", text)
+        if self.numbered:  # the engine writes a step's label right after its tag: "<step>1:", never "<step>\n1:";
+            # one rule for every numbered label, "1.2:" too (NPR's engine reads both kinds from the plans)
+            text = re.sub(rf"(?<={re.escape(self.path_open)})\s+(?=\d+(?:\.\d+)*:)", "", text)
         return text
 
     @property

@@ -366,11 +366,12 @@ def test_a_runs_grpo_settings_are_its_flags_and_its_stage_never_grpo_settings_ow
     fields = set(GRPOSettings.__dataclass_fields__)
     assert fields <= {f.name for f in dataclasses.fields(TrainConfig)} | {f.name for f in dataclasses.fields(Stage)}
     config = train.resolved_config(["--updates", "2", "--clip", "0.3", "--kl-beta", "0.1", "--max-grad-norm", "0.5",
-                                    "--head-read", "plain", "--clip-high", "0.28", "--loss-agg", "seq-mean-token-mean"])[0]
+                                    "--head-read", "plain", "--clip-high", "0.28", "--loss-agg", "seq-mean-token-mean",
+                                    "--unbiased-std"])[0]
     rl_easy = next(s for s in recipe(config) if s.name == "rl-easy")
     settings = GRPOSettings.from_flags(config, dataclasses.replace(rl_easy, advantage="batch"))
     assert dataclasses.asdict(settings) == {
-        "group_size": 16, "drop_invalid": False, "advantage": "batch", "updates": 2, "clip": 0.3, "clip_high": 0.28,
+        "group_size": 16, "drop_invalid": False, "advantage": "batch", "unbiased_std": True, "updates": 2, "clip": 0.3, "clip_high": 0.28,
         "loss_agg": "seq-mean-token-mean", "kl_beta": 0.1, "micro_batch": 16, "micro_batch_tokens": 0,
         "max_grad_norm": 0.5, "head_read": "plain"}
     # drop_invalid from the stage too (PAPO: with one update a batch, tests below)
@@ -532,3 +533,21 @@ def test_papo_is_on_policy_so_more_than_one_update_is_refused(tmp_path):
     with pytest.raises(NanoparError, match=r"parallel-rl: PAPO .*--updates 1, not 2"):
         open_run(config)
     assert [p.name for p in (tmp_path / "run").iterdir()] == []  # no stage begun, nothing logged
+
+
+def test_the_unbiased_std_is_the_released_codes_torch_std():
+    """--unbiased-std: both released codes normalise by torch.std (n - 1); by hand, group by group,
+    with a dropped member (PAPO) and PAPO's batch std."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 2.0, 1.0, 1.0, -1.0, 0.5])
+    kept = torch.tensor([True, True, True, True, True, False, True, True])
+    expected = []
+    for group, keep in zip(rewards.view(2, 4), kept.view(2, 4)):
+        members = group[keep]
+        expected += [float((r - members.mean()) / (members.std() + 1e-6)) if k else 0.0 for r, k in zip(group, keep)]
+    assert group_advantages(rewards, 4, "zscore", kept, unbiased=True).tolist() == pytest.approx(expected, abs=1e-6)
+    population = group_advantages(rewards, 4, "zscore", None)
+    assert (group_advantages(rewards, 4, "zscore", None, unbiased=True) * (4 / 3) ** 0.5).tolist() == \
+        pytest.approx(population.tolist(), abs=1e-5)  # whole groups: the same advantages scaled alike
+    batch = group_advantages(rewards, 4, "batch", kept, unbiased=True)
+    centred = [float(r - rewards[:4][kept[:4]].mean()) for r in rewards[:4]]
+    assert batch[:4].tolist() == pytest.approx([c / (float(rewards[kept].std()) + 1e-6) for c in centred], abs=1e-6)

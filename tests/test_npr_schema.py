@@ -561,4 +561,5 @@ def test_a_trace_that_writes_a_newline_between_step_and_its_label_trains_on_what
         opening = [tags.path_open, *tags.labels[k], *tokenizer.encode(body, add_special_tokens=False), tags.path_close]
         assert any(ids[i:i + len(opening)] == opening for i in range(len(ids))), k
     assert NPR.as_sampled("<step>1: x</step>") == "<step>1: x</step>"  # a label in place is left alone
+    assert NPR.as_sampled("<step>\n1.2: x</step>") == "<step>1.2: x</step>"  # a dotted label: the same rule
     assert NPR.as_sampled("<step>\nthen 1: x</step>") == "<step>\nthen 1: x</step>"  # not a label: the step's text

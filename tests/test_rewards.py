@@ -241,7 +241,7 @@ def test_unknown_reward_lists_the_known_names(registry):
         get_reward("acuracy")
     assert str(error.value) == (
         "unknown reward 'acuracy'; known: accuracy, accuracy_parallel_bonus, accuracy_times_parallel, "
-        "answered, format, npr_format, parallel, valid_parallel"
+        "answered, format, npr_format, parallel, parallel-released, valid_parallel"
     )
 
 
@@ -429,3 +429,22 @@ def test_trl_adapter_recovers_tags_that_trl_decoding_dropped():
     assert with_ids(completions=[as_trl_decodes], completion_ids=[ids], answer=["12"]) == [1.0]
     with pytest.raises(NanoparError, match="no completion_ids"):
         with_ids(completions=[as_trl_decodes], answer=["12"])
+
+
+def test_the_released_stage_1_reward_reads_the_block_as_its_format_check_does():
+    """`parallel-released` is Parallel-R1's released compute_score: +1 for a correct answer whose
+    text holds <Parallel> and passes the released check, -1 otherwise; where the released check
+    is looser than Algorithm 1 on the sampler's reading, it pays what `parallel` does not."""
+    right = Problem("p", "q", "4")
+    block = "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s</Summary>"
+    cases = {  # text: (parallel-released, parallel)
+        block + " Final Answer: 4": (1.0, 1.0),
+        block + " Final Answer: 5": (-1.0, -1.0),  # wrong
+        "Final Answer: 4": (-1.0, -1.0),  # no block
+        block.replace("</Summary>", "") + " Final Answer: 4": (1.0, -1.0),  # a summary left open
+        block.replace("<Path>a</Path>", "<Path><Path>a</Path></Path>") + " Final Answer: 4": (1.0, -1.0),  # nested
+        "<Parallel><Path>a</Path></Parallel><Summary>s</Summary> Final Answer: 4": (-1.0, -1.0),  # one path
+    }
+    for text, paid in cases.items():
+        trace = parse_trace(text)
+        assert (score("parallel-released", text, trace, right).total, score("parallel", text, trace, right).total) == paid, text
