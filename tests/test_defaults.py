@@ -197,3 +197,13 @@ def test_the_qwen_rl_preset_runs_stage_1_at_8_x_8_beside_the_baseline_and_evalua
     trained = {p.question for p in load_problems(config.easy_data)}
     held_out = load_problems("gsm8k", limit=config.eval_problems)
     assert len(held_out) == config.eval_problems and not trained & {p.question for p in held_out}
+
+
+def test_the_unseen_preset_is_the_released_unseen_start_on_the_toy_and_on_a_real_model():
+    """Parallel-R1's rl_exp_s1.sh: the cold start, then RL on the hard set with the accuracy reward
+    in structured attention, no stage 1 on the easy set; rl-hard starts from the cold start."""
+    for flags, hard in (([], "toy:hard"), (["--model", "Qwen/Qwen2.5-1.5B-Instruct"], "dapo")):
+        config = train.resolved_config(["--preset", "unseen", *flags])[0]
+        stages = {s.name: s for s in recipe(config)}
+        assert "rl-easy" not in stages and stages["sft"].mode == stages["rl-hard"].mode == "structured"
+        assert (stages["rl-hard"].data, stages["rl-hard"].reward, stages["rl-hard"].start) == (hard, "accuracy", "sft")
