@@ -296,7 +296,8 @@ SHIPPED_ROLLOUTS = {"toy:rollouts": Path(nanopar.__file__).parent / "toy" / "rol
 
 def rescore_file(path: str, spec: str, console: Console) -> dict:
     """Re-score a samples.jsonl with a reward spec; the distribution per benchmark and overall, and
-    what GRPO sees of it in the groups of each prompt (`eval_report.group_signal`)."""
+    what GRPO sees of it in the groups of each prompt (`metrics.group_signal`, which a GRPO step
+    logs as zero_variance_groups)."""
     parse_reward_spec(spec)  # an unknown reward fails before the file is read
     path = str(SHIPPED_ROLLOUTS.get(path, path))
     records = read_jsonl(path)

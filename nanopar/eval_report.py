@@ -24,6 +24,7 @@ from collections import Counter
 from . import NanoparError
 from .data import Problem
 from .evaluation import call_settings
+from .metrics import group_signal
 from .policy import Policy
 from .prompts import build_prompt, stop_ids
 from .rewards import RewardResult
@@ -158,53 +159,6 @@ def group_keys(records: list[dict]) -> list[tuple]:
     """Each record's group, the responses of one prompt: (stage, step, source, id). A training step
     samples a problem once (its G rollouts); an evaluation's samples of a problem are its group."""
     return [(r.get("stage"), r.get("step"), r.get("source"), r.get("id")) for r in records]
-
-
-TIE = 1e-9  # rewards closer than this count as equal (float sums of the same components)
-
-
-def group_signal(values: list[float], correct: list[bool], groups: list) -> dict:
-    """What GRPO sees of a reward, over the groups of two or more responses (`groups[i]` names
-    response i's): `groups`, their number; `no_gradient`, the share of them whose rewards are all
-    equal (every advantage 0: GRPO learns nothing from them); `group_std`, the mean over them of
-    the rewards' population std (the spread GRPO compares within, beside the overall std);
-    `agreement`, over the responses whose accuracy advantage (c - group mean of c, c = 0/1) is not
-    0, the share whose reward advantage (r - group mean of r) has the same sign: how often the
-    reward pushes a response the way accuracy would (a response the reward leaves at 0 disagrees).
-    All None without a group of two (one response per problem), `agreement` None without a group
-    that holds a right and a wrong answer.
-
-    >>> s = group_signal([1, 0, 0, 0, 2, 2], [True, False, False, True, True, True], ["a", "a", "b", "b", "c", "c"])
-    >>> # a: the reward ranks as accuracy does (2 agree); b: flat reward, mixed accuracy (2 disagree); c: all right
-    >>> s["groups"], round(s["no_gradient"], 3), s["agreement"], round(s["group_std"], 3)
-    (3, 0.667, 0.5, 0.167)
-    """
-    members: dict = {}
-    for i, key in enumerate(groups):
-        members.setdefault(key, []).append(i)
-    chosen = [rows for rows in members.values() if len(rows) >= 2]
-    if not chosen:
-        return {"groups": 0, "no_gradient": None, "agreement": None, "group_std": None}
-    agree = counted = 0
-    for rows in chosen:
-        reward_signs = _advantage_signs([values[i] for i in rows])
-        for sign, accuracy_sign in zip(reward_signs, _advantage_signs([float(correct[i]) for i in rows])):
-            if accuracy_sign:
-                counted += 1
-                agree += sign == accuracy_sign
-    return {
-        "groups": len(chosen),
-        "no_gradient": statistics.fmean(max(values[i] for i in rows) - min(values[i] for i in rows) <= TIE
-                                        for rows in chosen),
-        "agreement": agree / counted if counted else None,
-        "group_std": statistics.fmean(statistics.pstdev([values[i] for i in rows]) for rows in chosen),
-    }
-
-
-def _advantage_signs(values: list[float]) -> list[int]:
-    """The sign of each value's advantage over its group's mean (-1, 0, 1; within TIE of it: 0)."""
-    mean = statistics.fmean(values)
-    return [0 if abs(v - mean) <= TIE else (1 if v > mean else -1) for v in values]
 
 
 def histogram(values: list[float], bins: int = 10) -> dict[str, int]:

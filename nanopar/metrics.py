@@ -9,7 +9,7 @@ branch count (NPR: the plans the model chose), acceleration (tokens / critical-p
 length and truncation rate. A GRPO step (`rollout_metrics`) and an evaluation
 (`evaluation.summarize`) both call it, so the two cannot count differently; `rollout_metrics`
 adds the rewards, accuracy, answer-parse failures and the share of groups whose rewards are all
-equal (they teach GRPO nothing). `MetricsLog` appends a run's lines; `plot_metrics` draws them,
+equal (they teach GRPO nothing: `group_signal`, which `eval.py --rescore` reports too). `MetricsLog` appends a run's lines; `plot_metrics` draws them,
 each logged reward component in its own panel, and `plot_folders` several runs in one picture
 (train.py --plot a,b).
 Not here: the loss-side numbers (grpo.py returns them), the tables (show.py).
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+import statistics
 from statistics import fmean
 
 from . import NanoparError, distributed
@@ -70,16 +71,63 @@ def _acceleration(responses: list[dict]) -> float:
     return sum(r["new_tokens"] for r in responses) / max(sum(r["critical_path"] for r in responses), 1)
 
 
+TIE = 1e-9  # rewards closer than this count as equal (float sums of the same components)
+
+
+def group_signal(values: list[float], correct: list[bool], groups: list) -> dict:
+    """What GRPO sees of a reward, over the groups of two or more responses (`groups[i]` names
+    response i's): `groups`, their number; `no_gradient`, the share of them whose rewards are all
+    equal (every advantage 0: GRPO learns nothing from them); `group_std`, the mean over them of
+    the rewards' population std (the spread GRPO compares within, beside the overall std);
+    `agreement`, over the responses whose accuracy advantage (c - group mean of c, c = 0/1) is not
+    0, the share whose reward advantage (r - group mean of r) has the same sign: how often the
+    reward pushes a response the way accuracy would (a response the reward leaves at 0 disagrees).
+    All None without a group of two (one response per problem), `agreement` None without a group
+    that holds a right and a wrong answer.
+
+    >>> s = group_signal([1, 0, 0, 0, 2, 2], [True, False, False, True, True, True], ["a", "a", "b", "b", "c", "c"])
+    >>> # a: the reward ranks as accuracy does (2 agree); b: flat reward, mixed accuracy (2 disagree); c: all right
+    >>> s["groups"], round(s["no_gradient"], 3), s["agreement"], round(s["group_std"], 3)
+    (3, 0.667, 0.5, 0.167)
+    """
+    members: dict = {}
+    for i, key in enumerate(groups):
+        members.setdefault(key, []).append(i)
+    chosen = [rows for rows in members.values() if len(rows) >= 2]
+    if not chosen:
+        return {"groups": 0, "no_gradient": None, "agreement": None, "group_std": None}
+    agree = counted = 0
+    for rows in chosen:
+        reward_signs = _advantage_signs([values[i] for i in rows])
+        for sign, accuracy_sign in zip(reward_signs, _advantage_signs([float(correct[i]) for i in rows])):
+            if accuracy_sign:
+                counted += 1
+                agree += sign == accuracy_sign
+    return {
+        "groups": len(chosen),
+        "no_gradient": statistics.fmean(max(values[i] for i in rows) - min(values[i] for i in rows) <= TIE
+                                        for rows in chosen),
+        "agreement": agree / counted if counted else None,
+        "group_std": statistics.fmean(statistics.pstdev([values[i] for i in rows]) for rows in chosen),
+    }
+
+
+def _advantage_signs(values: list[float]) -> list[int]:
+    """The sign of each value's advantage over its group's mean (-1, 0, 1; within TIE of it: 0)."""
+    mean = statistics.fmean(values)
+    return [0 if abs(v - mean) <= TIE else (1 if v > mean else -1) for v in values]
+
+
 def rollout_metrics(rollouts, results, group_size: int) -> dict:
     """Means over one step's rollouts; `results[i]` is rewards.score's result for rollouts[i]."""
     totals = [res.total for res in results]
-    groups = [totals[i : i + group_size] for i in range(0, len(totals), group_size)]
+    groups = [i // group_size for i in range(len(totals))]  # prompt-major: a prompt's G rollouts
     metrics = {
         "reward": fmean(totals),
         "accuracy": fmean(res.grade.correct for res in results),
         "parse_failures": fmean(res.grade.error is not None for res in results),
         **structure_metrics([response_structure(r) for r in rollouts]),
-        "zero_variance_groups": fmean(max(g) == min(g) for g in groups),
+        "zero_variance_groups": group_signal(totals, [res.grade.correct for res in results], groups)["no_gradient"],
     }
     for name in results[0].components if results else []:
         metrics[f"reward/{name}"] = fmean(res.components[name] for res in results)
