@@ -42,7 +42,8 @@ def test_trim_keeps_the_runs_batches_and_lengths_and_names_its_own_folder():
 
 @pytest.mark.slow
 def test_a_toy_trial_runs_every_stage_briefly_and_prints_the_runs_projection(tmp_path, capsys):
-    out = train.main(["--trial", "2", "--out", str(tmp_path), "--eval-problems", "16", "--eval-batch", "8"])
+    out = train.main(["--trial", "2", "--out", str(tmp_path), "--eval-problems", "8", "--eval-batch", "4",
+                      "--max-new-tokens", "48", "--max-path-tokens", "12"])
     steps = [(m["stage"], m["step"]) for m in read_metrics(out) if "step" in m]
     assert steps == [("sft", 1), ("sft", 2), ("rl-easy", 1), ("rl-easy", 2), ("rl-hard", 1), ("rl-hard", 2)]
     printed = capsys.readouterr().out
