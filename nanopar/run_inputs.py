@@ -149,6 +149,9 @@ class RunInputs:
         kinds = {stage.kind for stage in chosen if not stage.shipped}
         if "grpo" in kinds:  # torchrun: every process samples whole groups, the same number of them
             distributed.check_divides(config.prompts_per_step, "--prompts-per-step")
+            if config.group_size < 2:  # a lone response has no group to be better or worse than
+                raise NanoparError(f"--group-size must be >= 2 (GRPO compares a prompt's responses), not "
+                                   f"{config.group_size}")
         if "sft" in kinds:
             distributed.check_divides(config.sft_batch, "--sft-batch")
         head_read_for(config.head_read, 0)  # a known training read

@@ -27,7 +27,6 @@ reads and checking it (run_inputs.py), held-out evaluation (heldout.py), the fin
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import shutil
 import time

@@ -199,6 +199,7 @@ def test_a_teacher_writes_the_cold_start_data(tmp_path, monkeypatch, capsys):
         (["--stages", "sft", "--hard-reward", "acuracy"], "unknown reward 'acuracy'"),  # a stage not run
         (["--paths", "0"], "paths per block must be between 2 and 8, got 0"),
         (["--lr", "0"], "--lr must be > 0, not 0"),
+        (["--group-size", "1"], "--group-size must be >= 2 (GRPO compares a prompt's responses), not 1"),
         (["--sft-lr", "-0.001"], "--sft-lr must be > 0, not -0.001"),
     ],
 )
