@@ -67,7 +67,11 @@ def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | No
     they are float32 at T = 0 or 1, else a new tensor."""
     if vocab_size is not None and vocab_size < logits.shape[-1]:
         logits = logits[..., :vocab_size]  # (a slice costs a full copy in backward: only when needed)
-    logits = logits.float()
+    if temperature > 0 and temperature != 1.0 and logits.dtype != torch.float32:
+        # bf16/fp16: the float32 copy is new, so divide it in place; `logits.float() / T` gives the same numbers
+        # through a second [..., V] tensor, which costs more than the division (bench/policy_scores.py)
+        return logits.float().div_(temperature)
+    logits = logits.float()  # float32 already: a view, not a copy
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     return logits

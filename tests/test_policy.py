@@ -60,3 +60,21 @@ def test_path_stride_is_part_of_the_policy_and_must_not_be_negative(qwen_tokeniz
     with pytest.raises(NanoparError) as error:
         Policy(TAGS, path_stride=-1)
     assert one_line(error) == "path_stride must be >= 0, not -1"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 0.0])
+def test_policy_scores_are_the_plain_division_bit_for_bit_with_its_gradient(dtype, temperature):
+    """The in-place division of a fresh float32 copy gives `logits.float() / T` exactly, value and
+    gradient, and never writes into the caller's logits."""
+    from nanopar.policy import policy_scores
+
+    logits = torch.randn(3, 5, 40).to(dtype).requires_grad_(True)
+    before = logits.detach().clone()
+    ours = policy_scores(logits, temperature, 37)
+    plain = logits[..., :37].float() / (temperature if temperature not in (0.0, 1.0) else 1.0)
+    assert ours.dtype == torch.float32 and torch.equal(ours, plain) and torch.equal(logits.detach(), before)
+    weights = torch.randn(3, 5, 37)
+    (g_ours,) = torch.autograd.grad((ours * weights).sum(), logits)
+    (g_plain,) = torch.autograd.grad((plain * weights).sum(), logits)
+    assert torch.equal(g_ours, g_plain)
