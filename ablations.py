@@ -1,6 +1,6 @@
 """Parallel-R1's ablations as one command: `python train.py --ablations`.
 
-Seven arms, each an ordinary run of the Parallel-R1 recipe in its own folder under
+Eight arms, each an ordinary run of the Parallel-R1 recipe in its own folder under
 `<out>/ablations/<arm>/` (config.json, metrics.jsonl, numbered stage folders), all from one
 pretrained base and the same RL budget. An arm that starts where another left off points its
 `--model` at that arm's stage `final/` and leaves the recipe's stages up to it out (`--skip`),
@@ -8,6 +8,7 @@ so a stage is trained once and shared, never retrained:
 
     arm                 mode        rl-easy  rl-hard reward      positions  starts from
     unseen              structured  yes      accuracy            shared     --model (its own pretrain, sft)
+    unseen-parallel-strict structured  yes   parallel-strict     shared     unseen's rl-easy
     unseen-parallel     structured  yes      parallel            shared     unseen's rl-easy
     unseen-alternating  structured  yes      alternating (20%)   shared     unseen's rl-easy
     unseen-no-rl-easy   structured  no       accuracy            shared     unseen's sft
@@ -18,8 +19,8 @@ so a stage is trained once and shared, never retrained:
 and three tables, one per ablation, each column an arm's last stage (rl-hard) as train.py's
 table shows a stage (`nanopar.show.stage_table`: held-out accuracy on easy and hard, parallel ratio,
 block position, acceleration, ...), with the paper's numbers beside ours where it gives them:
-(a) the rl-hard reward (unseen, unseen-parallel, unseen-alternating; the paper's parallel ratio
-13.6% / 80.3% / 63.0%), (b) stage-1 RL for Seen and Unseen (the paper: without it Seen loses 2.3
+(a) the rl-hard reward (unseen, unseen-parallel-strict, unseen-parallel, unseen-alternating; the
+paper's parallel ratio 13.6% / 80.3% / 63.0%, its 80.3% beside the released `parallel`, whose code it ran), (b) stage-1 RL for Seen and Unseen (the paper: without it Seen loses 2.3
 points of final accuracy; with it Unseen loses 8.6), (c) shared vs disjoint path positions.
 Every run is resumable as any run is (`Runner.run` skips a stage whose `final/` exists, resumes
 one from its last checkpoint; `HeldOut.evaluate` reuses an eval.json whose key matches): killed at any
@@ -90,8 +91,10 @@ def arms(config: TrainConfig) -> list[Arm]:
     return [
         Arm("unseen", "the curriculum: pretrain, sft, rl-easy, rl-hard (accuracy); Unseen, shared positions",
             unseen),
-        Arm("unseen-parallel", "rl-hard rewarded `parallel` (correct and parallel)",
-            unseen | {"hard_reward": "parallel"}, after=("unseen", "rl-easy")),
+        Arm("unseen-parallel-strict", "rl-hard rewarded `parallel-strict` (correct in a valid parallel trace: "
+                                      "the write-up)", unseen | {"hard_reward": "parallel-strict"}, after=("unseen", "rl-easy")),
+        Arm("unseen-parallel", "rl-hard rewarded `parallel` (correct, a block the released format check passes: "
+                               "the released code)", unseen | {"hard_reward": "parallel"}, after=("unseen", "rl-easy")),
         Arm("unseen-alternating", f"rl-hard rewarded `{alternating}` (accuracy; `accuracy_parallel_bonus` on "
                                   f"the last {alternating.split(':')[2]} of every {alternating.split(':')[1]} steps)",
             unseen | {"hard_reward": alternating}, after=("unseen", "rl-easy")),
@@ -135,7 +138,8 @@ class Ablation:
 
 ABLATIONS = [  # the paper's numbers: Parallel-R1's, on its math benchmarks (AIME, AMC, MATH)
     Ablation("(a) Parallel-R1's reward ablation: rl-hard's reward, from the same rl-easy model (Unseen)",
-             (("accuracy", "unseen"), ("parallel", "unseen-parallel"), ("alternating", "unseen-alternating")),
+             (("accuracy", "unseen"), ("parallel-strict", "unseen-parallel-strict"), ("parallel", "unseen-parallel"),
+              ("alternating", "unseen-alternating")),
              "The paper's parallel ratios are its Parallel-R1-Unseen runs (S1 accuracy, S2 alternating), which start "
              "RL on DAPO from the cold start (rl_exp_s1.sh, rl_exp_s2.sh), on its math benchmarks; these arms start "
              "rl-hard from unseen's rl-easy model (--preset unseen runs the released start): compare the direction "

@@ -16,7 +16,7 @@ stray tags. No EOS: every response spends its budget.
   1. sampling, B prompts x G samples x N new tokens: forked (structured, K paths per block, the
      bias on) vs sequential (no tags, no bias) vs `model.generate` on the same rows (same budget,
      T = 1); tokens/s and torch.cuda.max_memory_allocated of each call;
-  2. one GRPO step on the forked rollouts: reward (Parallel-R1's `parallel`, timed; the update
+  2. one GRPO step on the forked rollouts: reward (Parallel-R1's `parallel-strict`, the default's, timed; the update
      takes alternating +-1 instead so that every group has signal), `grpo_update` split into the
      training read + backward and the optimiser (its step hooks), its peak beside
      bench/memory_plan.py's `predict` for the same shape (models the plan has coefficients for);
@@ -241,7 +241,7 @@ def grpo_step(model, tokenizer, optimizer, policy: Policy, problems, rollouts, c
     part by part; the update learns from alternating +-1 rewards. -> its figures"""
     G, eos, pad = config.samples, stop_ids(model, tokenizer), tokenizer.pad_token_id or 0
     owners = [p for p in problems for _ in range(G)]  # [B * G]
-    reward_s, _, results = synced(lambda: [score("parallel", response_text(r, tokenizer, eos), r.trace, p)
+    reward_s, _, results = synced(lambda: [score("parallel-strict", response_text(r, tokenizer, eos), r.trace, p)
                                            for r, p in zip(rollouts, owners)])
     rewards = torch.tensor([1.0, -1.0]).repeat(len(rollouts) // 2 + 1)[: len(rollouts)]  # [B * G] alternating
     advantages = group_advantages(rewards, G)  # [B * G]: every group has signal

@@ -34,7 +34,7 @@ class Stage:
     kind: str  # "distill" (write traces), "sft" or "grpo"; "given": the configured --model, evaluated only
     data: str  # problems: benchmark name, .jsonl path, hub name, toy:easy / toy:hard, or a mix "toy:easy+toy:hard"
     steps: int = 0  # optimiser steps (sft, grpo)
-    reward: str = ""  # grpo: reward spec or schedule ("parallel", "accuracy", "alternating:10:2", "alternating-strict:10:2")
+    reward: str = ""  # grpo: reward spec or schedule ("parallel-strict", "accuracy", "alternating:10:2", "alternating-strict:10:2")
     traces: str = ""  # sft: a traces .jsonl, or the name of the distill stage that wrote it
     tries: int = 1  # distill: samples per problem; one correct, valid trace is kept
     keep: str = "parallel"  # distill: the traces kept (distill.KEEP): "parallel" (Parallel-R1's filter) or "structured" (NPR's)
@@ -97,8 +97,8 @@ class TrainConfig(ScriptConfig):
     rl_easy_steps: int = 30  # GRPO steps on easy problems
     rl_hard_steps: int = 10  # GRPO steps on hard problems (the toy at 5e-5: 15 cost easy accuracy, docs/results.md)
     reward_file: str = ""  # a Python file of your own @register rewards, imported before the run
-    easy_reward: str = "parallel"  # reward or schedule of rl-easy
-    hard_reward: str = "accuracy"  # reward or schedule of rl-hard: "alternating:10:2" (Parallel-R1's released schedule: 2 of 10 steps accuracy_parallel_bonus), "alternating-strict:10:2" (those pay `parallel`), "two-phase:200", "two-phase-strict:200"
+    easy_reward: str = "parallel-strict"  # reward or schedule of rl-easy: the write-up's reading of stage 1 (correct in a valid parallel trace); "parallel" is the released code's looser one (docs/recipes.md, Simplifications)
+    hard_reward: str = "accuracy"  # reward or schedule of rl-hard: "alternating:10:2" (Parallel-R1's released schedule: 2 of 10 steps accuracy_parallel_bonus), "alternating-strict:10:2" (those pay `parallel-strict`), "two-phase:200", "two-phase-strict:200"
     format_rl_reward: str = "npr_format"  # reward or schedule of NPR's format-rl (stage 1): "npr_format" (its write-up: format and correctness) or "accuracy" (NPR-Zero's released reward, npr-zero/verl/utils/reward_score/math_dapo.py)
     baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)

@@ -4,7 +4,7 @@ Parallel-R1's cold start asks a strong model (--teacher) to write parallel trace
 keeps those that pass the format check; NPR's rejection sampling asks the format-RL model itself.
 Per problem, the first of `tries` responses that is correct and passes the recipe's filter is
 kept; `KEEP` names the filters, each a judge of format.py:
-  parallel    a valid parallel trace (`check_parallel`): exactly when the `parallel` reward pays +1
+  parallel    a valid parallel trace (`check_parallel`): exactly when the `parallel-strict` reward pays +1
               (Parallel-R1's cold start keeps what passes its format check with a block in it);
   structured  a strictly formatted trace with one block or more (`check_structured`; under NPR a
               round of one plan too): NPR's rejection filter, its format score >= 0.
@@ -42,7 +42,7 @@ KEEP = {  # filter name -> what it keeps, in words (`keeps` is the predicate)
 def keeps(keep: str, text: str, trace: Trace, problem: Problem) -> bool:
     """Whether the filter `keep` keeps a response (`text`, read as `trace`) to `problem`."""
     if keep == "parallel":
-        return score("parallel", text, trace, problem).total > 0  # correct and a valid parallel trace
+        return score("parallel-strict", text, trace, problem).total > 0  # correct and a valid parallel trace
     if keep == "structured":
         return check_structured(text, trace.schema).ok and is_correct(text, problem)
     raise NanoparError(f"unknown distill filter {keep!r}: use one of {', '.join(KEEP)}")

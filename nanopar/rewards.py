@@ -2,13 +2,14 @@
 
 A reward scores one rollout: `fn(text, trace, problem) -> float` (`text`: the response with its
 tags, `response_text`; `trace`: its reading; `problem`: the `data.Problem` it answers). Built-ins
-(docs/recipes.md gives values and sources): accuracy, format, parallel (correct AND a valid
-parallel trace: Parallel-R1 stage 1), accuracy_parallel_bonus (Parallel-R1's released reward for
+(docs/recipes.md gives values and sources): accuracy, format, parallel (correct, with a block the
+released format check passes: Parallel-R1 stage 1 as released), parallel-strict (correct AND a
+valid parallel trace: its write-up's reading), accuracy_parallel_bonus (Parallel-R1's released reward for
 its alternating schedule's parallel steps), accuracy_times_parallel, npr_format (NPR stage 1). A spec is a weighted sum, "accuracy:1,format:0.2"; `score` returns the
 total, each component and the `Grade`, grading the answer once and counting a failure, never
 hiding it. `@register("name")` adds a reward; `load_reward_file` loads a user's file of them.
 Schedules pick the spec per step: `Constant`, `Alternating` (Parallel-R1: 8 of every 10 steps
-accuracy, 2 accuracy_parallel_bonus as its code runs it; "alternating-strict" pays `parallel` on
+accuracy, 2 accuracy_parallel_bonus as its code runs it; "alternating-strict" pays `parallel-strict` on
 those 2), `TwoPhase` (that scaffold, then accuracy). `as_trl_reward` wraps a reward
 for TRL's GRPOTrainer.
 Not here: PAPO's drop itself (grpo.py; `RewardResult.layout_ok` says what it keeps), length or
@@ -191,29 +192,30 @@ def format_reward(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("parallel")
 def parallel(text: str, trace: Trace, problem: Problem) -> float:
-    """Parallel-R1 stage 1 as its write-up gives it: +1 only for a correct answer in a valid
-    parallel trace (the sampler's reading), else -1. Its released code reads the block looser:
-    `parallel-released`."""
-    return 1.0 if is_correct(text, problem) and uses_parallel(text, trace) else -1.0
-
-
-@register("parallel-released")
-def parallel_released(text: str, trace: Trace, problem: Problem) -> float:
-    """Parallel-R1's released stage-1 reward (`compute_score` in
+    """Parallel-R1's stage-1 reward as released (`compute_score` in
     verl/verl/utils/reward_score/math_dapo_accuracy_times_parallel.py): +1 for a correct answer
     whose text holds a block opener and passes the released format check
-    (`format.check_released_format`, under NPR's tags NPR's rules), else -1. Looser than `parallel`,
-    nanopar's default stage-1 reward: it reads the text, not the sampler's reading, so it pays a
-    nested path, a summary left open or a tag written as text (docs/recipes.md, Simplifications).
+    (`format.check_released_format`, under NPR's tags NPR's rules), else -1. It reads the text, not
+    the sampler's reading, so it pays a nested path, a summary left open or a tag written as text;
+    the write-up's stricter reading is `parallel_strict`, the default run's stage-1 reward
+    (docs/recipes.md, Simplifications).
 
     >>> right, block = Problem("p", "q", "4"), "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s"
-    >>> [f(block + " Final Answer: 4", parse_trace(block + " Final Answer: 4"), right) for f in (parallel_released, parallel)]
+    >>> [f(block + " Final Answer: 4", parse_trace(block + " Final Answer: 4"), right) for f in (parallel, parallel_strict)]
     [1.0, -1.0]
     """
     schema = trace.schema
     if not is_correct(text, problem) or schema.block_open not in text:
         return -1.0
     return 1.0 if (check_format(text, schema) if schema.planned else check_released_format(text)).ok else -1.0
+
+
+@register("parallel-strict")
+def parallel_strict(text: str, trace: Trace, problem: Problem) -> float:
+    """Parallel-R1 stage 1 as its write-up gives it: +1 only for a correct answer in a valid
+    parallel trace (the sampler's reading: Algorithm 1, no stray tag, nothing cut off), else -1.
+    The default of rl-easy (`TrainConfig.easy_reward`); the released code's looser reading is `parallel`."""
+    return 1.0 if is_correct(text, problem) and uses_parallel(text, trace) else -1.0
 
 
 @register("accuracy_parallel_bonus")
@@ -391,7 +393,7 @@ class Alternating:
     verl/verl/utils/reward_score/math_dapo_acc_parallel_interved.py): accuracy when
     (global_step - 1) % 10 < 8, else `accuracy_parallel_bonus`. verl counts its first step as 1 and
     nanopar's `step` counts from 0, so step k is global_step k + 1: the same steps. With
-    parallel_spec "parallel" ("alternating-strict") the parallel steps pay only a correct answer
+    parallel_spec "parallel-strict" ("alternating-strict") the parallel steps pay only a correct answer
     in a valid parallel trace, the stricter reading of the write-up.
 
     >>> s = Alternating()
@@ -448,10 +450,10 @@ def schedule_from_string(text: str) -> RewardSchedule:
       "accuracy:1,format:0.2"                      Constant(that spec); also "constant:SPEC"
       "alternating[:WINDOW[:PARALLEL_STEPS]]"      Alternating as released (defaults 10, 2)
       "two-phase[:FIRST[:WINDOW[:PARALLEL_STEPS]]]" TwoPhase over it (defaults 200, 10, 2)
-      "alternating-strict[...]", "two-phase-strict[...]"  the same, `parallel` on the parallel steps
+      "alternating-strict[...]", "two-phase-strict[...]"  the same, `parallel-strict` on the parallel steps
 
     >>> schedule_from_string("two-phase-strict:100:5:1")
-    TwoPhase(first_steps=100, scaffold=Alternating(accuracy_spec={'accuracy': 1.0}, parallel_spec={'parallel': 1.0}, window=5, parallel_steps=1), after=Constant(weights={'accuracy': 1.0}))
+    TwoPhase(first_steps=100, scaffold=Alternating(accuracy_spec={'accuracy': 1.0}, parallel_spec={'parallel-strict': 1.0}, window=5, parallel_steps=1), after=Constant(weights={'accuracy': 1.0}))
     >>> schedule_from_string("alternating:ten")
     Traceback (most recent call last):
     ...
@@ -472,7 +474,7 @@ def schedule_from_string(text: str) -> RewardSchedule:
             raise NanoparError(f"schedule {text!r}: {part!r} is not a whole number ({kind}{forms[base]})") from None
     if len(numbers) > (2 if base == "alternating" else 3):
         raise NanoparError(f"schedule {text!r}: too many numbers ({kind}{forms[base]})")
-    parallel_spec = "parallel" if kind.endswith("-strict") else "accuracy_parallel_bonus"
+    parallel_spec = "parallel-strict" if kind.endswith("-strict") else "accuracy_parallel_bonus"
     if base == "alternating":
         return Alternating(parallel_spec=parallel_spec, **dict(zip(("window", "parallel_steps"), numbers)))
     first_steps = numbers[0] if numbers else 200

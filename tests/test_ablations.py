@@ -18,7 +18,8 @@ from nanopar.rewards import schedule_from_string
 TINY = ["--pretrain-steps", "2", "--sft-steps", "2", "--rl-easy-steps", "1", "--rl-hard-steps", "2",
         "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "24", "--max-path-tokens", "8",
         "--sft-batch", "4", "--checkpoint-every", "0", "--eval-problems", "2", "--eval-samples", "1"]
-STAGES = {"unseen": ["pretrain", "sft", "rl-easy", "rl-hard"], "unseen-parallel": ["rl-hard"],
+STAGES = {"unseen": ["pretrain", "sft", "rl-easy", "rl-hard"], "unseen-parallel-strict": ["rl-hard"],
+          "unseen-parallel": ["rl-hard"],
           "unseen-alternating": ["rl-hard"], "unseen-no-rl-easy": ["rl-hard"], "seen": ["sft", "rl-easy", "rl-hard"],
           "seen-no-rl-easy": ["rl-hard"], "unseen-disjoint": ["sft", "rl-easy", "rl-hard"]}  # what each arm trains
 
@@ -52,6 +53,8 @@ def test_the_arms_differ_exactly_as_intended_and_share_one_cold_start(tmp_path, 
     skip_to_rl_hard = "pretrain,sft,rl-easy"
     assert changed == {
         "unseen": {},
+        "unseen-parallel-strict": {"hard_reward": "parallel-strict", "skip": skip_to_rl_hard,
+                                   "model": str(unseen / "3-rl-easy" / "final")},
         "unseen-parallel": {"hard_reward": "parallel", "skip": skip_to_rl_hard,
                             "model": str(unseen / "3-rl-easy" / "final")},
         "unseen-alternating": {"hard_reward": "alternating:2:1", "skip": skip_to_rl_hard,
@@ -99,8 +102,8 @@ def test_the_tables_show_the_paper_numbers_beside_ours(tmp_path, monkeypatch):
     accuracy, with - without rl-easy) from the arms' held-out results."""
     no_model(monkeypatch)
     arms = opened(tmp_path)
-    hard = {"unseen": 0.10, "unseen-parallel": 0.05, "unseen-alternating": 0.08, "unseen-no-rl-easy": 0.125,
-            "seen": 0.20, "seen-no-rl-easy": 0.15, "unseen-disjoint": 0.0}
+    hard = {"unseen": 0.10, "unseen-parallel-strict": 0.04, "unseen-parallel": 0.05, "unseen-alternating": 0.08,
+            "unseen-no-rl-easy": 0.125, "seen": 0.20, "seen-no-rl-easy": 0.15, "unseen-disjoint": 0.0}
     for name, (_, runner, _) in arms.items():
         fake_results(runner, runner.stages[-1], easy=0.5, hard=hard[name])
     paid = [False, True, False]  # the parallel arm: its reward paid (a signal) on the 2nd of 3 steps
@@ -112,15 +115,16 @@ def test_the_tables_show_the_paper_numbers_beside_ours(tmp_path, monkeypatch):
         names = list(table.columns[0].cells)
         return {column.header: list(column.cells)[names.index(row)] for column in table.columns[1:]}
 
-    assert cells(rewards, "paper: parallel ratio") == {"accuracy": "13.6%", "parallel": "80.3%",
+    assert cells(rewards, "paper: parallel ratio") == {"accuracy": "13.6%", "parallel-strict": "", "parallel": "80.3%",
                                                        "alternating": "63.0%"}
-    assert cells(rewards, "hard: parallel ratio") == {"accuracy": "25.0%", "parallel": "25.0%",
-                                                      "alternating": "25.0%"}
-    assert cells(rewards, "hard: accuracy") == {"accuracy": "10.0%", "parallel": "5.0%", "alternating": "8.0%"}
+    assert cells(rewards, "hard: parallel ratio") == {"accuracy": "25.0%", "parallel-strict": "25.0%",
+                                                      "parallel": "25.0%", "alternating": "25.0%"}
+    assert cells(rewards, "hard: accuracy") == {"accuracy": "10.0%", "parallel-strict": "4.0%", "parallel": "5.0%",
+                                                "alternating": "8.0%"}
     assert cells(rewards, "hard: parallel ratio ± SE")["parallel"] == "25.0% ± 2.0"
     assert cells(rewards, "easy: parallel ratio ± SE")["parallel"] == "50.0%"  # no standard error saved
-    assert cells(rewards, "rl-hard steps with a signal") == {"accuracy": "0 of 0", "parallel": "1 of 3",
-                                                             "alternating": "0 of 0"}
+    assert cells(rewards, "rl-hard steps with a signal") == {"accuracy": "0 of 0", "parallel-strict": "0 of 0",
+                                                             "parallel": "1 of 3", "alternating": "0 of 0"}
     assert cells(stage1, "hard: with - without rl-easy") == {
         "Seen": "+5.0 pts", "Seen, no rl-easy": "", "Unseen": "-2.5 pts", "Unseen, no rl-easy": ""}
     assert cells(stage1, "easy: with - without rl-easy")["Seen"] == "+0.0 pts"
@@ -129,7 +133,8 @@ def test_the_tables_show_the_paper_numbers_beside_ours(tmp_path, monkeypatch):
     assert [c.header for c in positions.columns] == ["", "shared (stride 0)", "disjoint"]
     assert "No paper number" in positions.caption and "2 rl-hard steps" in positions.caption
     assert cells(positions, "hard: accuracy") == {"shared (stride 0)": "10.0%", "disjoint": "0.0%"}
-    assert cells(rewards, "hard: accuracy SE") == {"accuracy": "1.0%", "parallel": "0.5%", "alternating": "0.8%"}
+    assert cells(rewards, "hard: accuracy SE") == {"accuracy": "1.0%", "parallel-strict": "0.4%", "parallel": "0.5%",
+                                                   "alternating": "0.8%"}
     assert rewards.title.endswith("standard error of an accuracy cell <= 1.1 points")  # easy's 1.1 is the largest
     assert stage1.title.endswith("<= 2.0 points")  # seen's hard 0.20 / 10
     # with per-problem accuracies the difference gets the standard error of the paired differences
@@ -192,7 +197,7 @@ def test_an_interrupted_ablation_resumes_without_redoing_a_finished_stage(tmp_pa
     first = count_trained(monkeypatch, crash_at=6)
     with pytest.raises(RuntimeError, match="power cut"):
         train.main(args)
-    assert first[:5] == [("unseen", s) for s in STAGES["unseen"]] + [("unseen-parallel", "rl-hard")]
+    assert first[:5] == [("unseen", s) for s in STAGES["unseen"]] + [("unseen-parallel-strict", "rl-hard")]
     root = tmp_path / "ablations"
     finals = {f: f.stat().st_mtime_ns for f in root.glob("*/*/final")}
     assert len(finals) == 5

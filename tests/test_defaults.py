@@ -191,7 +191,7 @@ def test_the_qwen_rl_preset_runs_stage_1_at_8_x_8_beside_the_baseline_and_evalua
     stages = recipe(config)
     assert [s.name for s in stages] == ["sft", "rl-easy", "baseline-rl-easy"]
     rl, baseline = stages[1], stages[2]
-    assert (rl.reward, rl.mode, baseline.reward, baseline.mode) == ("parallel", "structured", "accuracy", "causal")
+    assert (rl.reward, rl.mode, baseline.reward, baseline.mode) == ("parallel-strict", "structured", "accuracy", "causal")
     assert (config.prompts_per_step, config.group_size) == (8, 8) and rl.steps == baseline.steps > 0
     assert config.eval_model and config.eval_problems >= 200 and config.eval_data == "gsm8k"
     trained = {p.question for p in load_problems(config.easy_data)}

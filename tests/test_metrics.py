@@ -45,7 +45,7 @@ def test_rollout_metrics_by_hand():
     assert m["acceleration"] == (16 + 4 + 8 + 10) / (13 + 4 + 8 + 10)
 
 
-def test_parallel_ratio_counts_what_the_parallel_reward_calls_valid():
+def test_parallel_ratio_counts_what_the_strict_parallel_reward_calls_valid():
     """A <Path> after the summary, a nested <Path> and a truncated block hold a block with two
     closed paths, yet none is a valid parallel trace: the ratio counts the clean one."""
     from nanopar.data import Problem
@@ -54,9 +54,10 @@ def test_parallel_ratio_counts_what_the_parallel_reward_calls_valid():
 
     names = sorted(PARALLEL_CASES)
     rollouts = [rollout(text_ids(PARALLEL_CASES[n][0], TAGS), "eos") for n in names]
-    results = [score("parallel", PARALLEL_CASES[n][0], r.trace, Problem("p", "q", "4")) for n, r in zip(names, rollouts)]
+    results = [score("parallel-strict", PARALLEL_CASES[n][0], r.trace, Problem("p", "q", "4"))
+               for n, r in zip(names, rollouts)]
     m = rollout_metrics(rollouts, results, group_size=len(names))
-    assert m["parallel_ratio"] == 1 / 6 and m["reward/parallel"] == (1 - 5) / 6
+    assert m["parallel_ratio"] == 1 / 6 and m["reward/parallel-strict"] == (1 - 5) / 6
     assert [r.total > 0 for r in results] == [n == "clean" for n in names]
     assert m["blocks_per_response"] == 5 / 6  # the sequential one has no block
     # the weaker "at least one valid block" would count 3 of them: clean, nested, after the summary

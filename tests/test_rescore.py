@@ -83,14 +83,14 @@ def test_a_record_keeps_the_trace_the_sampler_read_not_the_one_its_text_spells(t
     spelled = parse_trace(record["response"])
     assert spelled.stray == [23] and sampled.stray == []  # the spelled <Path>: a tag inside a path, stray
     assert trace_stats(spelled).length == len(record["response"]) != trace_stats(sampled).length == len(rollout.ids)
-    for name in ("format", "parallel", "valid_parallel"):  # format reads the text (Algorithm 1) either way
+    for name in ("format", "parallel-strict", "valid_parallel"):  # format reads the text (Algorithm 1) either way
         assert rescore([record], name)[0].total == score(name, record["response"], rollout.trace, problem).total
-    assert rescore([record], "parallel")[0].total == 1.0  # as sampled: correct in a valid block
-    assert score("parallel", record["response"], spelled, problem).total == -1.0  # as spelled: a stray tag
+    assert rescore([record], "parallel-strict")[0].total == 1.0  # as sampled: correct in a valid block
+    assert score("parallel-strict", record["response"], spelled, problem).total == -1.0  # as spelled: a stray tag
     old = {k: v for k, v in record.items() if k != "tag_ids"}  # saved before records kept the tag ids
-    assert read_from_text(old) and rescore([old], "parallel")[0].total == -1.0
+    assert read_from_text(old) and rescore([old], "parallel-strict")[0].total == -1.0
     write_jsonl(tmp_path / "samples.jsonl", [record, old])
-    eval_script.main(["--rescore", str(tmp_path / "samples.jsonl"), "--reward", "parallel"])
+    eval_script.main(["--rescore", str(tmp_path / "samples.jsonl"), "--reward", "parallel-strict"])
     assert "1 of 2 responses keep no token ids: their traces are read from the text" in capsys.readouterr().out
 
 

@@ -102,7 +102,7 @@ def test_rewards_read_token_id_traces():
     ids = [7, 1000, 1002, 8, 1003, 1002, 9, 1003, 1001, 1004, 5, 1005, 6]  # a valid block
     trace = parse_ids(ids, tags)
     assert rewards.uses_parallel(TRACES["valid"], trace)
-    assert score("parallel", TRACES["valid"], trace, RIGHT).total == 1.0
+    assert score("parallel-strict", TRACES["valid"], trace, RIGHT).total == 1.0
 
 
 # Parallel-R1's released reward for the parallel steps of its alternating schedule, gold 4: each
@@ -149,8 +149,8 @@ NPR_FORMAT = {
 
 
 LAID_OUT = {"clean", "sequential"}  # what PAPO keeps: no stray tag, no broken block, not cut inside one
-# accuracy_parallel_bonus is the exception: it mirrors Parallel-R1's released reward, whose format check
-# on the text passes a path after the summary and a nested path (two stray tags in the reading)
+# accuracy_parallel_bonus and `parallel` are the exceptions: they mirror Parallel-R1's released rewards,
+# whose format check on the text passes a path after the summary and a nested path (two stray tags in the reading)
 RELEASED_BONUS_ON_CASES = {"clean": 1.2, "path after the summary": 1.2, "nested path": 1.2,
                            "truncated block": -1.0, "one path": -1.0, "sequential": 1.0}
 
@@ -159,10 +159,11 @@ RELEASED_BONUS_ON_CASES = {"clean": 1.2, "path after the summary": 1.2, "nested 
 def test_parallel_rewards_use_the_one_validity_predicate_and_papo_keeps_what_can_be_laid_out(name):
     text, valid, _ = PARALLEL_CASES[name]
     problem = Problem("p", "what is 2+2?", "4")
-    spec = "parallel:1,accuracy_parallel_bonus:1,accuracy_times_parallel:1,npr_format:1"
+    spec = "parallel-strict:1,parallel:1,accuracy_parallel_bonus:1,accuracy_times_parallel:1,npr_format:1"
     result = score(spec, text, parse_trace(text), problem)
     assert result.components == {
-        "parallel": 1.0 if valid else -1.0,
+        "parallel-strict": 1.0 if valid else -1.0,
+        "parallel": 1.0 if RELEASED_BONUS_ON_CASES[name] == 1.2 else -1.0,  # the same released check, no bonus
         "accuracy_parallel_bonus": RELEASED_BONUS_ON_CASES[name],
         "accuracy_times_parallel": 1.0 if valid else 0.0,
         "npr_format": NPR_FORMAT[name],
@@ -241,7 +242,7 @@ def test_unknown_reward_lists_the_known_names(registry):
         get_reward("acuracy")
     assert str(error.value) == (
         "unknown reward 'acuracy'; known: accuracy, accuracy_parallel_bonus, accuracy_times_parallel, "
-        "answered, format, npr_format, parallel, parallel-released, valid_parallel"
+        "answered, format, npr_format, parallel, parallel-strict, valid_parallel"
     )
 
 
@@ -276,7 +277,7 @@ def test_reward_names_are_checked():
 
 # ----------------------------------------------------------------------------- schedules
 
-ACC, PAR, BONUS = {"accuracy": 1.0}, {"parallel": 1.0}, {"accuracy_parallel_bonus": 1.0}
+ACC, PAR, BONUS = {"accuracy": 1.0}, {"parallel-strict": 1.0}, {"accuracy_parallel_bonus": 1.0}
 
 
 def test_alternating_spec_per_step():
@@ -345,14 +346,14 @@ def test_alternating_pays_the_released_reward_on_the_released_steps():
 
 
 def test_the_strict_reading_keeps_its_own_name():
-    """alternating-strict pays `parallel` (a correct answer in a valid parallel trace) on the same steps."""
+    """alternating-strict pays `parallel-strict` (a correct answer in a valid parallel trace) on the same steps."""
     strict = schedule_from_string("alternating-strict")
-    assert strict == Alternating(parallel_spec="parallel")
+    assert strict == Alternating(parallel_spec="parallel-strict")
     assert [strict.spec(k) for k in (0, 7, 8, 9, 10)] == [ACC, ACC, PAR, PAR, ACC]
-    assert schedule_from_string("alternating-strict:5:1") == Alternating(parallel_spec="parallel", window=5,
+    assert schedule_from_string("alternating-strict:5:1") == Alternating(parallel_spec="parallel-strict", window=5,
                                                                           parallel_steps=1)
     assert schedule_from_string("two-phase-strict:100:5:1") == TwoPhase(
-        100, Alternating(parallel_spec="parallel", window=5, parallel_steps=1))
+        100, Alternating(parallel_spec="parallel-strict", window=5, parallel_steps=1))
     assert schedule_from_string("two-phase-strict").spec(8) == PAR
     for name in ("alternating-strict", "two-phase-strict"):
         with pytest.raises(NanoparError, match="reward name"):
@@ -424,7 +425,7 @@ def test_trl_adapter_recovers_tags_that_trl_decoding_dropped():
     ids = tokenizer.encode(TRACES["valid"])
     as_trl_decodes = tokenizer.decode(ids, skip_special_tokens=True)  # what TRL hands over
     assert "<Parallel>" not in as_trl_decodes
-    plain, with_ids = as_trl_reward("parallel"), as_trl_reward("parallel", tokenizer=tokenizer)
+    plain, with_ids = as_trl_reward("parallel-strict"), as_trl_reward("parallel-strict", tokenizer=tokenizer)
     assert plain(completions=[as_trl_decodes], answer=["12"]) == [-1.0]  # tags lost: no block
     assert with_ids(completions=[as_trl_decodes], completion_ids=[ids], answer=["12"]) == [1.0]
     with pytest.raises(NanoparError, match="no completion_ids"):
@@ -432,12 +433,12 @@ def test_trl_adapter_recovers_tags_that_trl_decoding_dropped():
 
 
 def test_the_released_stage_1_reward_reads_the_block_as_its_format_check_does():
-    """`parallel-released` is Parallel-R1's released compute_score: +1 for a correct answer whose
+    """`parallel` is Parallel-R1's released compute_score: +1 for a correct answer whose
     text holds <Parallel> and passes the released check, -1 otherwise; where the released check
-    is looser than Algorithm 1 on the sampler's reading, it pays what `parallel` does not."""
+    is looser than Algorithm 1 on the sampler's reading, it pays what `parallel-strict` does not."""
     right = Problem("p", "q", "4")
     block = "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s</Summary>"
-    cases = {  # text: (parallel-released, parallel)
+    cases = {  # text: (parallel, parallel-strict)
         block + " Final Answer: 4": (1.0, 1.0),
         block + " Final Answer: 5": (-1.0, -1.0),  # wrong
         "Final Answer: 4": (-1.0, -1.0),  # no block
@@ -447,4 +448,4 @@ def test_the_released_stage_1_reward_reads_the_block_as_its_format_check_does():
     }
     for text, paid in cases.items():
         trace = parse_trace(text)
-        assert (score("parallel-released", text, trace, right).total, score("parallel", text, trace, right).total) == paid, text
+        assert (score("parallel", text, trace, right).total, score("parallel-strict", text, trace, right).total) == paid, text
