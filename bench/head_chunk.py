@@ -1,0 +1,86 @@
+"""Benchmark the chunked LM-head read's chunk size at Qwen's head: how many positions per chunk.
+
+    python bench/head_chunk.py                         # 1,024 positions, chunks 110 .. 1,024, bfloat16
+    python bench/head_chunk.py --chunks 220 880 --repeats 1
+
+`head.head_logprobs` applies the head to `chunk` positions at a time (forward, then the recompute
+and the input's gradient in backward): three products of [chunk, d] by [d, V] per chunk, and
+float32 passes over each [chunk, V] block of logits. Its default chunk holds CHUNK_BYTES of float32
+logits (220 positions on this head). Here one micro-batch of hidden states ([positions, d],
+random, the policy's real vocabulary) is read with the entropy, forward + backward, as the GRPO
+update reads it, through a bfloat16 head of Qwen2.5-0.5B's shape (896 -> 151,936), at each chunk
+size: best of `repeats` after a warm-up, the head's products' rate (3 per chunk), and the peak
+resident-memory rise of the warm-up, each against the first chunk size of the list in the same
+process. Not here: the decoder (bench/train_step.py), the read's other callers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from common import MB, PeakRSS
+from nanopar.config import parse_config
+from nanopar.head import CHUNK_BYTES, head_logprobs
+
+
+@dataclass
+class HeadChunkConfig:
+    chunks: tuple[int, ...] = (220, 110, 440, 660, 880, 1024)  # positions per chunk; the first is the baseline (the default on this head)
+    positions: int = 1024  # positions read (one micro-batch of --micro-batch-tokens 1024)
+    hidden: int = 896  # the head's input width (Qwen2.5-0.5B)
+    vocab: int = 151_936  # the head's rows (Qwen2.5's embedding)
+    real_vocab: int = 151_665  # the policy's vocabulary (the tokenizer's, below the padded rows)
+    temperature: float = 0.7  # the policy's T (a division per chunk, as the GRPO read does)
+    repeats: int = 3  # timed rounds per chunk size (the best counts), after a warm-up round
+
+
+def read_once(head, hidden, targets, config: HeadChunkConfig, chunk: int) -> None:
+    """The read with its entropy, forward + backward."""
+    hidden.grad = None
+    chosen, _ = head_logprobs(hidden, targets, head, config.temperature, config.real_vocab, with_entropy=True,
+                              chunk=chunk)  # [n]
+    chosen.sum().backward()
+
+
+def main(argv: list[str] | None = None):
+    config = parse_config(HeadChunkConfig, argv, description=__doc__.splitlines()[0])
+    console = Console(width=200)
+    console.print(f"CPU, {torch.get_num_threads()} threads; load average before: {os.getloadavg()[0]:.2f}; "
+                  f"default chunk: {max(1, CHUNK_BYTES // (4 * config.real_vocab))} positions")
+    torch.manual_seed(0)
+    head = torch.nn.Linear(config.hidden, config.vocab, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+    hidden = torch.randn(config.positions, config.hidden, dtype=torch.bfloat16, requires_grad=True)  # [n, d]
+    targets = torch.randint(0, config.real_vocab, (config.positions,))  # [n]
+    flops = 3 * 2 * config.positions * config.hidden * config.vocab  # forward, recompute, input gradient
+    table = Table(title=f"the chunked head read, forward + backward with the entropy: {config.positions:,} positions, "
+                        f"bfloat16 head {config.hidden} -> {config.vocab:,}")
+    for column in ("chunk", "s", "x baseline time", "head products TFLOPS", "MB", "x baseline memory"):
+        table.add_column(column, justify="right")
+    base = None
+    for chunk in config.chunks:
+        with PeakRSS() as watch:
+            read_once(head, hidden, targets, config, chunk)
+        best = math.inf
+        for _ in range(config.repeats):
+            start = time.perf_counter()
+            read_once(head, hidden, targets, config, chunk)
+            best = min(best, time.perf_counter() - start)
+        rise = watch.rise / MB
+        base = base or (best, rise)
+        table.add_row(f"{chunk:,}", f"{best:.3f}", f"{best / base[0]:.2f}", f"{flops / best / 1e12:.2f}",
+                      f"{rise:,.0f}", f"{rise / base[1]:.2f}" if base[1] > 0 else "")
+    table.caption = (f"best of {config.repeats} after a warm-up; MB = peak resident-set rise of the warm-up; "
+                     f"TFLOPS counts the head's three products per chunk, not the float32 passes")
+    console.print(table)
+    console.print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
