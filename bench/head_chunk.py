@@ -41,15 +41,17 @@ class HeadChunkConfig:
     repeats: int = 3  # timed rounds per chunk size (the best counts), after a warm-up round
 
 
-def read_once(head, hidden, targets, config: HeadChunkConfig, chunk: int) -> None:
-    """The read with its entropy, forward + backward."""
+def read_once(head, hidden, targets, config: HeadChunkConfig, chunk: int) -> torch.Tensor:
+    """The read with its entropy, forward + backward. -> the chosen log-probs [n] (hidden.grad holds their
+    sum's gradient)"""
     hidden.grad = None
     chosen, _ = head_logprobs(hidden, targets, head, config.temperature, config.real_vocab, with_entropy=True,
                               chunk=chunk)  # [n]
     chosen.sum().backward()
+    return chosen.detach()
 
 
-def main(argv: list[str] | None = None):
+def main(argv: list[str] | None = None) -> list[dict]:
     config = parse_config(HeadChunkConfig, argv, description=__doc__.splitlines()[0])
     console = Console(width=200)
     console.print(f"CPU, {torch.get_num_threads()} threads; load average before: {os.getloadavg()[0]:.2f}; "
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None):
                         f"bfloat16 head {config.hidden} -> {config.vocab:,}")
     for column in ("chunk", "s", "x baseline time", "head products TFLOPS", "MB", "x baseline memory"):
         table.add_column(column, justify="right")
-    base = None
+    base, rows = None, []
     for chunk in config.chunks:
         with PeakRSS() as watch:
             read_once(head, hidden, targets, config, chunk)
@@ -74,12 +76,14 @@ def main(argv: list[str] | None = None):
             best = min(best, time.perf_counter() - start)
         rise = watch.rise / MB
         base = base or (best, rise)
+        rows.append({"chunk": chunk, "seconds": best, "mb": rise})
         table.add_row(f"{chunk:,}", f"{best:.3f}", f"{best / base[0]:.2f}", f"{flops / best / 1e12:.2f}",
                       f"{rise:,.0f}", f"{rise / base[1]:.2f}" if base[1] > 0 else "")
     table.caption = (f"best of {config.repeats} after a warm-up; MB = peak resident-set rise of the warm-up; "
                      f"TFLOPS counts the head's three products per chunk, not the float32 passes")
     console.print(table)
     console.print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return rows
 
 
 if __name__ == "__main__":

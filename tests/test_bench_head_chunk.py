@@ -1,0 +1,32 @@
+"""bench/head_chunk.py on tiny sizes: every chunk size reads the same log-probs and gradient as the
+plain log_softmax of the full logits, and the benchmark reports a row per chunk size."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))  # as `python bench/head_chunk.py` has it
+
+import head_chunk as bench  # noqa: E402
+
+
+def test_each_chunk_size_reads_what_the_full_logits_give():
+    config = bench.HeadChunkConfig(positions=13, hidden=8, vocab=40, real_vocab=37, temperature=0.7)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(config.hidden, config.vocab, bias=False, dtype=torch.float64).requires_grad_(False)
+    hidden = torch.randn(config.positions, config.hidden, dtype=torch.float64, requires_grad=True)  # [n, d]
+    targets = torch.randint(0, config.real_vocab, (config.positions,))
+    logits = head(hidden)[:, : config.real_vocab] / config.temperature  # [n, V'] the plain read, by hand
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    (grad,) = torch.autograd.grad(expected.sum(), hidden)
+    for chunk in (1, 4, 13, 50):
+        chosen = bench.read_once(head, hidden, targets, config, chunk)
+        torch.testing.assert_close(chosen, expected)
+        torch.testing.assert_close(hidden.grad, grad, rtol=1e-5, atol=1e-6)
+
+
+def test_the_benchmark_reports_every_chunk_size():
+    rows = bench.main(["--positions", "16", "--hidden", "8", "--vocab", "64", "--real-vocab", "60",
+                       "--chunks", "8", "3", "--repeats", "1"])
+    assert [r["chunk"] for r in rows] == [8, 3] and all(r["seconds"] > 0 for r in rows)
