@@ -6,15 +6,15 @@ pretrained base and the same RL budget. An arm that starts where another left of
 `--model` at that arm's stage `final/` and leaves the recipe's stages up to it out (`--skip`),
 so a stage is trained once and shared, never retrained:
 
-    arm                 mode        rl-easy  rl-hard reward      positions  starts from
-    unseen              structured  yes      accuracy            shared     --model (its own pretrain, sft)
-    unseen-parallel-strict structured  yes   parallel-strict     shared     unseen's rl-easy
-    unseen-parallel     structured  yes      parallel            shared     unseen's rl-easy
-    unseen-alternating  structured  yes      alternating (20%)   shared     unseen's rl-easy
-    unseen-no-rl-easy   structured  no       accuracy            shared     unseen's sft
-    seen                causal      yes      accuracy            -          unseen's pretrain (its own sft)
-    seen-no-rl-easy     causal      no       accuracy            -          seen's sft
-    unseen-disjoint     structured  yes      accuracy            disjoint   unseen's pretrain (its own sft)
+    arm                     mode        rl-easy  rl-hard reward      positions  starts from
+    unseen                  structured  yes      accuracy            shared     --model (its own pretrain, sft)
+    unseen-parallel-strict  structured  yes      parallel-strict     shared     unseen's rl-easy
+    unseen-parallel         structured  yes      parallel            shared     unseen's rl-easy
+    unseen-alternating      structured  yes      alternating (20%)   shared     unseen's rl-easy
+    unseen-no-rl-easy       structured  no       accuracy            shared     unseen's sft
+    seen                    causal      yes      accuracy            -          unseen's pretrain (its own sft)
+    seen-no-rl-easy         causal      no       accuracy            -          seen's sft
+    unseen-disjoint         structured  yes      accuracy            disjoint   unseen's pretrain (its own sft)
 
 and three tables, one per ablation, each column an arm's last stage (rl-hard) as train.py's
 table shows a stage (`nanopar.show.stage_table`: held-out accuracy on easy and hard, parallel ratio,
@@ -38,7 +38,7 @@ Where it departs from the papers:
 - The reward ablation runs in Unseen (structured), as the paper's does: its parallel ratios
   13.6% (accuracy) and 63.0% (alternating) are its Parallel-R1-Unseen (S1) and (S2) results. Those
   runs start RL on DAPO from the cold start (verl/training_scripts/rl_exp_s1.sh, rl_exp_s2.sh); the
-  arms here start rl-hard from unseen's rl-easy model, so that all three share one stage 1 (the
+  arms here start rl-hard from unseen's rl-easy model, so that all four share one stage 1 (the
   released start is `--preset unseen`, docs/recipes.md), and the table's caption says so. The
   paper's numbers come from its math benchmarks (AIME, AMC, MATH); ours are the toy's held-out
   sets, the paper's beside our hard set.

@@ -22,14 +22,15 @@ Algorithm 1 accepts tags the lenient reading (`trace.py`: what the sampler and l
 treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So the judges built
 on it read the tags as the reading does, one per meaning:
   check_parallel     a valid parallel trace: Algorithm 1 on the reading, no stray tag, not
-                     truncated, one valid block or more (the parallel rewards and ratio,
-                     Parallel-R1's cold-start filter);
+                     truncated, one valid block or more (the parallel-strict,
+                     accuracy_times_parallel and valid_parallel rewards, the parallel
+                     ratio, Parallel-R1's cold-start filter);
   check_structured   a text that follows the schema strictly with one block or more, of one
                      branch too under NPR (NPR's rejection filter and `npr_format`);
   check_well_formed  a reading the layout can lay out: the tag rules, no stray tag, not cut
                      inside a block (PAPO's drop keeps these, sequential ones too).
-Parallel-R1's released code implements Algorithm 1 more loosely in four places; the reward that
-mirrors that code (`accuracy_parallel_bonus`) asks `check_released_format`, which says where.
+Parallel-R1's released code implements Algorithm 1 more loosely in four places; the rewards that
+mirror that code (`parallel`, `accuracy_parallel_bonus`) ask `check_released_format`, which says where.
 Not here: the reading itself (trace.py), the rewards built on these judges (rewards.py).
 """
 
@@ -66,8 +67,8 @@ def check_format(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
 
 
 def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
-    """A valid parallel trace, the one definition: the `parallel` rewards, Parallel-R1's cold-start
-    filter and the parallel-ratio metric all ask this. A text is read first (with
+    """A valid parallel trace, the one definition: the `parallel-strict`, `accuracy_times_parallel`
+    and `valid_parallel` rewards, Parallel-R1's cold-start filter and the parallel-ratio metric all ask this. A text is read first (with
     `schema`); a `Trace` is judged by the schema it was read with.
 
     Judged on the reading (for a rollout: its token ids, as sampled and as the layout trains on

@@ -77,6 +77,13 @@ def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | No
     return logits
 
 
+# `draw` takes `draw_in_place` from this many vocabulary rows: there its float32 passes over [N, V]
+# are a visible share of a decode step (bench/draw.py: about half of the plain draw's time at Qwen's
+# 151,936 rows); below it the plain draw, the one to read, runs, and the toy's sampled tokens stay
+# exactly those of its documented runs
+DRAW_IN_PLACE_FROM_VOCAB = 8_192
+
+
 def draw(
     logits: torch.Tensor,  # [N, V] raw logits of the next token
     temperature: float,  # 0 = greedy
@@ -86,7 +93,26 @@ def draw(
     banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row. -> (tokens [N] long, their policy log-probs [N])"""
+    """Draw one token per row: `plain_draw`, or from DRAW_IN_PLACE_FROM_VOCAB rows at T > 0 without
+    top-k or top-p `draw_in_place` (the same distribution in fewer passes).
+    -> (tokens [N] long, their policy log-probs [N])"""
+    rows = vocab_size or logits.shape[-1]
+    if temperature > 0 and not 0 < top_k < rows and top_p >= 1.0 and rows >= DRAW_IN_PLACE_FROM_VOCAB:
+        return draw_in_place(logits, temperature, vocab_size, banned, generator)
+    return plain_draw(logits, temperature, vocab_size, top_k, top_p, banned, generator)
+
+
+def plain_draw(
+    logits: torch.Tensor,  # [N, V] raw logits of the next token
+    temperature: float,  # 0 = greedy
+    vocab_size: int | None,  # ids >= vocab_size are never drawn
+    top_k: int = 0,  # keep the k most likely tokens (0 = all)
+    top_p: float = 1.0,  # keep the smallest set with this much probability (1.0 = all)
+    banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row, the plain way: the policy's log-softmax, the bans and top-k / top-p
+    as -inf, a softmax, the inverse CDF. -> (tokens [N] long, their policy log-probs [N])"""
     logits = logits[:, :vocab_size].float()  # [N, V'] (no grad here: the slice is free)
     if banned is not None:
         banned = banned[:, : logits.shape[-1]]
@@ -108,8 +134,33 @@ def draw(
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def draw_in_place(
+    logits: torch.Tensor,  # [N, V] raw logits of the next token
+    temperature: float,  # > 0
+    vocab_size: int | None,  # ids >= vocab_size are never drawn
+    banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`draw` at T > 0 without top-k or top-p, in fewer passes over [N, V]: the same distribution
+    and log-probs up to float rounding. The plain draw builds the log-softmax, a masked copy and a
+    softmax; here one float32 buffer is turned in place into exp(scores - max), which
+    `sample_categorical` draws from unnormalised, and the drawn token's log-prob is its score
+    - max - log Z, as head.py's training read computes it. -> (tokens [N] long, log-probs [N])"""
+    scores = policy_scores(logits, temperature, vocab_size)  # [N, V'] float32
+    if scores.data_ptr() == logits.data_ptr():  # float32 logits at T = 1: a view, and the passes below write
+        scores = scores.clone()
+    top = scores.amax(-1, keepdim=True)  # [N, 1]
+    weights = scores.sub_(top).exp_()  # [N, V'] the policy's probabilities times Z
+    Z = weights.sum(-1, keepdim=True)  # [N, 1] over the whole policy: a banned token still counts
+    if banned is not None:
+        weights.masked_fill_(banned[:, : weights.shape[-1]], 0.0)
+    tokens = sample_categorical(weights, generator)  # [N]
+    chosen = policy_scores(logits.gather(-1, tokens[:, None]), temperature, None)  # [N, 1] the same score as above
+    return tokens, (chosen - top - Z.log()).squeeze(-1)
+
+
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row by inverting the CDF: [N, V] probabilities -> [N] ids.
+    """One draw per row by inverting the CDF: [N, V] probabilities (or weights proportional to them) -> [N] ids.
 
     The same distribution as `torch.multinomial(probs, 1)`, which on a CPU draws a random number
     per vocabulary entry (151,936 per row per step for Qwen: most of a real-vocabulary sampler

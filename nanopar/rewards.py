@@ -197,7 +197,7 @@ def parallel(text: str, trace: Trace, problem: Problem) -> float:
     whose text holds a block opener and passes the released format check
     (`format.check_released_format`, under NPR's tags NPR's rules), else -1. It reads the text, not
     the sampler's reading, so it pays a nested path, a summary left open or a tag written as text;
-    the write-up's stricter reading is `parallel_strict`, the default run's stage-1 reward
+    the write-up's stricter reading is `parallel-strict`, the default run's stage-1 reward
     (docs/recipes.md, Simplifications).
 
     >>> right, block = Problem("p", "q", "4"), "<Parallel><Path>a</Path><Path>b</Path></Parallel><Summary>s"

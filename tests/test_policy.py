@@ -78,3 +78,54 @@ def test_policy_scores_are_the_plain_division_bit_for_bit_with_its_gradient(dtyp
     (g_ours,) = torch.autograd.grad((ours * weights).sum(), logits)
     (g_plain,) = torch.autograd.grad((plain * weights).sum(), logits)
     assert torch.equal(g_ours, g_plain)
+
+
+def real_vocab_logits(rows, dtype, seed=0):
+    """[rows, 9,000] logits (a vocabulary past DRAW_IN_PLACE_FROM_VOCAB) with a few likely ids per row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(rows, 9000, generator=g)
+    logits[:, :4] += 12  # most of the mass on ids 0-3, the rest spread thin
+    return logits.to(dtype)
+
+
+@pytest.mark.parametrize("dtype, temperature", [(torch.bfloat16, 0.7), (torch.float32, 1.0), (torch.float32, 0.6)])
+def test_the_in_place_draw_is_the_plain_draw_at_a_real_vocabulary(dtype, temperature):
+    """From DRAW_IN_PLACE_FROM_VOCAB rows `draw` draws in place: the tokens the plain draw takes
+    with the same random numbers (the same inverse CDF, up to rounding), never a banned id, and
+    log-probs nearer a float64 log-softmax than the plain draw's; the logits are left as they were."""
+    from nanopar.policy import DRAW_IN_PLACE_FROM_VOCAB, plain_draw
+
+    logits = real_vocab_logits(256, dtype)
+    assert logits.shape[-1] > 8990 >= DRAW_IN_PLACE_FROM_VOCAB  # the vocabulary: 8,990 real ids
+    before = logits.clone()
+    banned = torch.zeros(logits.shape, dtype=torch.bool)
+    banned[::2, 0] = True  # every other row may not draw its likeliest id
+    tokens, logprobs = draw(logits, temperature, 8990, banned=banned, generator=torch.Generator().manual_seed(3))
+    plain_tokens, plain_logprobs = plain_draw(logits, temperature, 8990, banned=banned,
+                                              generator=torch.Generator().manual_seed(3))
+    assert torch.equal(logits, before)
+    assert torch.equal(tokens, plain_tokens) and not (tokens[::2] == 0).any() and (tokens < 8990).all()
+    exact = torch.log_softmax(logits[:, :8990].double() / temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert (logprobs.double() - exact).abs().max() <= 1e-5
+    assert (logprobs.double() - exact).abs().max() <= (plain_logprobs.double() - exact).abs().max() + 1e-7
+
+
+def test_the_in_place_draw_follows_the_distribution():
+    """Frequencies of 8,000 in-place draws against the policy's probabilities of ids 0-3."""
+    logits = real_vocab_logits(1, torch.float32, seed=1).expand(8000, -1)
+    probs = torch.softmax(logits[0].double() / 0.8, -1)[:4]
+    tokens, _ = draw(logits, 0.8, None, generator=torch.Generator().manual_seed(5))
+    counts = torch.bincount(tokens, minlength=9000)[:4].double() / len(tokens)
+    assert ((counts - probs).abs() <= 4 * (probs * (1 - probs) / len(tokens)).sqrt() + 1e-3).all()
+
+
+def test_draw_keeps_the_plain_draw_where_the_in_place_one_does_not_apply():
+    """Greedy, top-k, top-p and a vocabulary under DRAW_IN_PLACE_FROM_VOCAB: the plain draw, bit for bit."""
+    from nanopar.policy import plain_draw
+
+    big, small = real_vocab_logits(8, torch.float32), real_vocab_logits(8, torch.float32)[:, :100]
+    for logits, kwargs in ((big, {"temperature": 0.0}), (big, {"temperature": 0.7, "top_k": 50}),
+                           (big, {"temperature": 0.7, "top_p": 0.9}), (small, {"temperature": 0.7})):
+        got = draw(logits, vocab_size=None, generator=torch.Generator().manual_seed(0), **kwargs)
+        want = plain_draw(logits, vocab_size=None, generator=torch.Generator().manual_seed(0), **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), kwargs

@@ -36,6 +36,8 @@ EXPECTED = {
     "accuracy": {("valid", 1): 1, ("invalid", 1): 1, ("none", 1): 1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1},
     "format": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): 1, ("valid", 0): 1, ("invalid", 0): -1, ("none", 0): 1},
     "parallel": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): -1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1},
+    "parallel-strict": {("valid", 1): 1, ("invalid", 1): -1, ("none", 1): -1, ("valid", 0): -1, ("invalid", 0): -1,
+                        ("none", 0): -1},
     # as released: correct with a block its format check fails (one path) is -1, below correct without one
     "accuracy_parallel_bonus": {
         ("valid", 1): 1.2, ("invalid", 1): -1, ("none", 1): 1, ("valid", 0): -1, ("invalid", 0): -1, ("none", 0): -1,
