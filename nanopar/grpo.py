@@ -6,7 +6,9 @@
   - G responses per prompt (the sampler); one reward per response (rewards.py);
   - advantage = (r - group mean) / (group std + eps) ("zscore"), r - group mean ("mean"), or
     (r - group mean) / (std of the batch's rewards + eps) ("batch": PAPO's batch-level
-    normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0;
+    normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0,
+    and without a KL term the update does not read its rows (their gradient is exactly 0; their
+    tokens still count in the loss's divisor, so the step is the one that reads them);
   - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded:
     the policy never drew them; both released codes train the inserted ones too: NPR's
     tokenizes the finished text again, Parallel-R1's engine sets its response mask to 1 on every
@@ -197,7 +199,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "zscore
     weight = kept.view(-1, group_size).to(rewards.dtype)  # [P, G] 1 = kept
     members = weight.sum(-1, keepdim=True).clamp(min=1)  # [P, 1]
     mean = (groups * weight).sum(-1, keepdim=True) / members  # [P, 1] over the kept members
-    centred = (groups - mean) * weight  # [P, G] 0 where dropped
+    # a group whose kept rewards are all equal gets exactly 0: its mean is not always exactly its
+    # reward (6 x 0.3 / 6), and (r - mean) / (std + eps) would turn that rounding into an advantage
+    low = torch.where(kept.view(-1, group_size), groups, groups.new_tensor(float("inf"))).amin(-1, keepdim=True)
+    high = torch.where(kept.view(-1, group_size), groups, groups.new_tensor(float("-inf"))).amax(-1, keepdim=True)
+    centred = torch.where(low == high, 0.0, groups - mean) * weight  # [P, G] 0 where dropped or all equal
     if kind == "mean":
         return centred.flatten()
     if kind == "zscore":
@@ -301,16 +307,24 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
     if settings.loss_agg == "seq-mean-token-mean":  # over the batch's responses, each its own token mean
         divisor = distributed.all_reduce(torch.tensor(float(len(rollouts)), device=device),
                                          "the count of the step's responses").clamp(min=1)
-    groups = micro_batches(batch.lengths(), settings.micro_batch, settings.micro_batch_tokens)
+    # a row whose advantage is 0 adds exactly 0 to the loss's gradient (-min(r A, clip(r) A) = 0) unless
+    # a KL term holds it: it is not read (all-equal groups; the divisor above still counts its tokens)
+    kl = reference is not None and settings.kl_beta > 0
+    read = [i for i in range(len(rollouts)) if kl or advantages[i] != 0]  # rows of the batch
+    lengths = batch.lengths()
+    groups = [[read[j] for j in rows] for rows in micro_batches([lengths[i] for i in read], settings.micro_batch,
+                                                                settings.micro_batch_tokens)]
     micros = [batch.rows(rows) for rows in groups]
+    tokens_read = distributed.all_reduce(sum((m.target_mask.sum() for m in micros), torch.zeros((), device=device)),
+                                         "the count of the tokens the update reads").clamp(min=1)
     model.train()
-    read = lambda micro: trace_logprobs(model, micro, policy, head_read=settings.head_read)[0]  # [b, T-1] no entropy
+    logprobs = lambda micro: trace_logprobs(model, micro, policy, head_read=settings.head_read)[0]  # [b, T-1]
     with torch.no_grad():  # pi_old (only off-policy: on-policy it is the training read) and the reference, once
-        old = [read(micro) for micro in micros] if settings.updates > 1 else None
+        old = [logprobs(micro) for micro in micros] if settings.updates > 1 else None
         ref = None
-        if reference is not None and settings.kl_beta > 0:
+        if kl:
             with reference.active():
-                ref = [read(micro) for micro in micros]
+                ref = [logprobs(micro) for micro in micros]
     metrics, gap = {}, 0.0
     for update in range(settings.updates):
         optimizer.zero_grad(set_to_none=True)
@@ -328,6 +342,6 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
                 gap += ((before - micro.recorded) * micro.target_mask).abs().sum().item()
         norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler)  # summed over processes
         metrics = {"loss": distributed.sum_over_ranks(loss_sum), "grad_norm": norm, "skipped_step": skipped,
-                   "entropy": distributed.sum_over_ranks(entropy_sum) / total.item()}
-    metrics["logprob_gap"] = distributed.sum_over_ranks(gap) / total.item()
+                   "entropy": distributed.sum_over_ranks(entropy_sum) / tokens_read.item()}  # over the rows read
+    metrics["logprob_gap"] = distributed.sum_over_ranks(gap) / tokens_read.item()
     return metrics

@@ -159,9 +159,53 @@ def test_grpo_update_reads_the_rollouts_as_the_sampler_did():
     rollouts = structured_rollouts(model, seed=1, keep_bias=True)  # the policy that sampled them
     assert sum(r.stats.forks for r in rollouts) >= 2
     optimizer, _ = make_optimizer(model, lr=0.0)
-    metrics = grpo_update(model, optimizer, rollouts, torch.zeros(len(rollouts)), Policy(TAGS),
+    metrics = grpo_update(model, optimizer, rollouts, torch.linspace(-1, 1, len(rollouts)), Policy(TAGS),
                           GRPOSettings(micro_batch=3), PAD)
     assert metrics["logprob_gap"] < 1e-5 and metrics["entropy"] > 0
+
+
+def test_equal_rewards_give_exactly_zero_advantages():
+    """A group whose kept rewards are all equal teaches nothing, in every advantage kind, whatever
+    the rounding of its mean: 6 x 0.3 / 6 is not 0.3 in float32, and (r - mean) / (std + eps) made
+    that rounding an advantage of ~0.03 for every member."""
+    for value, size in ((0.3, 6), (0.1, 7), (0.2, 7), (1 / 3, 5)):
+        group = torch.full((size,), value)
+        assert group.sum() / size != value or value == 1 / 3  # the premise: the mean is off by its rounding
+        other = torch.linspace(-1, 1, size)  # a group with signal beside it
+        for kind in ("zscore", "mean", "batch"):
+            got = group_advantages(torch.cat([group, other]), size, kind)
+            assert got[:size].eq(0).all() and got[size:].ne(0).sum() >= size - 1, (value, size, kind)
+    kept = torch.tensor([True, True, False, True, True, True])  # the dropped member differs: the rest are equal
+    assert group_advantages(torch.tensor([0.3, 0.3, 1.0, 0.3, -1.0, 1.0]), 3, "zscore", kept)[:3].eq(0).all()
+
+
+def test_rows_with_advantage_zero_are_not_read_and_the_gradient_is_the_one_of_every_row(monkeypatch):
+    """Without a KL term a row whose advantage is 0 adds exactly 0 to the gradient, so the update
+    does not read it; the loss still divides by the tokens of every row, so the gradient equals the
+    two-read step over all of them. With a KL term every row is read (the KL pulls on each)."""
+    import nanopar.grpo
+
+    model = tiny_qwen_model(vocab_size=V)
+    rollouts = structured_rollouts(model, seed=1, keep_bias=True)
+    advantages = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.2, -0.4, -0.4, -0.4])  # the first group all equal
+    settings = GRPOSettings(micro_batch=2)
+    want_loss, want_grads = two_read_update(copy.deepcopy(model), rollouts, advantages, Policy(TAGS), settings)
+    grads = {}
+    monkeypatch.setattr(nanopar.grpo, "apply_gradients", lambda model, *_: grads.update(
+        {n: p.grad.clone() for n, p in model.named_parameters()}) or (0.0, False))
+    rows = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append((kwargs.get("input_ids") if kwargs.get("input_ids") is not None
+                                                  else kwargs["inputs_embeds"]).shape[0]), with_kwargs=True)
+    metrics = grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), settings, PAD)
+    assert sum(rows) == 4 and metrics["entropy"] > 0 and metrics["logprob_gap"] < 1e-5
+    assert metrics["loss"] == pytest.approx(want_loss, rel=1e-6)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-9)
+    rows.clear()
+    grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS),
+                GRPOSettings(micro_batch=2, kl_beta=0.1), PAD, Reference(model))
+    assert sum(rows) == 2 * len(rollouts)  # the reference's read and the training read, of every row
 
 
 def test_reference_is_the_policy_at_its_creation():
