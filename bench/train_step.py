@@ -129,7 +129,7 @@ def tiny_contestant(name, mode, vocab, tokenizer_vocab, reads, repeats, check, p
     name = f"{name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M), {mode}"
     tags = TagIds(*range(tokenizer_vocab, tokenizer_vocab + 6))  # the tags end the policy vocabulary
     return Contestant(name, model, mode, tags, tokenizer_vocab + 6, make_prompts(prompts, tags), group, new_tokens,
-                      make_rewards(prompts * group), reads, repeats, check)
+                      make_rewards(prompts * group, group), reads, repeats, check)
 
 
 def make_prompts(batch, tags: TagIds, length=16, seed=0):
@@ -138,9 +138,14 @@ def make_prompts(batch, tags: TagIds, length=16, seed=0):
     return [torch.randint(10, tags.block_open - 10, (n,), generator=g).tolist() for n in lengths]
 
 
-def make_rewards(n, seed=0):
+def make_rewards(n, group, seed=0):
+    """[n] random +-1, every group of `group` holding both: grpo_update does not read a group of one
+    reward (advantage 0), and the step timed here reads every row."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 2, (n,), generator=g).float() * 2 - 1  # [n] +-1
+    rewards = (torch.randint(0, 2, (n,), generator=g).float() * 2 - 1).view(-1, group)  # [B, G]
+    one_reward = rewards.eq(rewards[:, :1]).all(-1)  # [B]
+    rewards[one_reward, 0] *= -1
+    return rewards.flatten()
 
 
 # --- measuring -------------------------------------------------------------------------------
@@ -335,7 +340,7 @@ def full_size_contestant(size, config: BenchConfig, device):
     name = f"Qwen2.5-{size.upper()} shape, random, 4-bit + LoRA r{settings.lora_rank}, structured"
     reads = (PLAIN, CHUNKED) if config.baseline else (CHUNKED,)
     return Contestant(name, model, "structured", tags, REAL_TOKENIZER + 6, make_prompts(4, tags), 8, 1024,
-                      make_rewards(4 * 8), reads, 1)
+                      make_rewards(4 * 8, 8), reads, 1)
 
 
 def full_size_plan(size: str, config: BenchConfig, peaks: dict, console) -> None:

@@ -7,8 +7,10 @@
   - advantage = (r - group mean) / (group std + eps) ("zscore"), r - group mean ("mean"), or
     (r - group mean) / (std of the batch's rewards + eps) ("batch": PAPO's batch-level
     normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0,
-    and without a KL term the update does not read its rows (their gradient is exactly 0; their
-    tokens still count in the loss's divisor, so the step is the one that reads them);
+    and without a KL term the update does not read a row whose advantage is 0 (such a group's, or
+    a reward equal to its group's mean): its gradient is exactly 0, and its tokens still count in
+    the loss's divisor, so the step is the one that reads every row, up to rounding (`read_rows`
+    logs the share read; the logged entropy and sampler-trainer gap are over those rows);
   - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded:
     the policy never drew them; both released codes train the inserted ones too: NPR's
     tokenizes the finished text again, Parallel-R1's engine sets its response mask to 1 on every
@@ -300,7 +302,6 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
     """`settings.updates` optimiser steps on one rollout batch. -> metrics of the last step"""
     device = next(model.parameters()).device
     batch = rollout_batch(rollouts, pad_id, device)
-    advantages = advantages.to(device)  # [N]
     # sampled tokens in the whole batch: of every process's under torchrun (one may hold none)
     total = distributed.all_reduce(batch.target_mask.sum(), "the count of the step's tokens").clamp(min=1)
     divisor = total  # "token-mean": the loss is over the batch's sampled tokens
@@ -308,13 +309,15 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
         divisor = distributed.all_reduce(torch.tensor(float(len(rollouts)), device=device),
                                          "the count of the step's responses").clamp(min=1)
     # a row whose advantage is 0 adds exactly 0 to the loss's gradient (-min(r A, clip(r) A) = 0) unless
-    # a KL term holds it: it is not read (all-equal groups; the divisor above still counts its tokens)
+    # a KL term holds it: it is not read (a group of one reward, a reward equal to its group's mean);
+    # the divisor above still counts its tokens, so the gradient is the one of every row (up to rounding)
     kl = reference is not None and settings.kl_beta > 0
-    read = [i for i in range(len(rollouts)) if kl or advantages[i] != 0]  # rows of the batch
+    read = list(range(len(rollouts))) if kl else advantages.ne(0).nonzero().flatten().tolist()  # rows of the batch
     lengths = batch.lengths()
     groups = [[read[j] for j in rows] for rows in micro_batches([lengths[i] for i in read], settings.micro_batch,
                                                                 settings.micro_batch_tokens)]
     micros = [batch.rows(rows) for rows in groups]
+    advantages = advantages.to(device)  # [N]
     tokens_read = distributed.all_reduce(sum((m.target_mask.sum() for m in micros), torch.zeros((), device=device)),
                                          "the count of the tokens the update reads").clamp(min=1)
     model.train()
@@ -344,4 +347,5 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
         metrics = {"loss": distributed.sum_over_ranks(loss_sum), "grad_norm": norm, "skipped_step": skipped,
                    "entropy": distributed.sum_over_ranks(entropy_sum) / tokens_read.item()}  # over the rows read
     metrics["logprob_gap"] = distributed.sum_over_ranks(gap) / tokens_read.item()
+    metrics["read_rows"] = distributed.sum_over_ranks(len(read)) / distributed.sum_over_ranks(len(rollouts))
     return metrics

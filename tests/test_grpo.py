@@ -175,21 +175,30 @@ def test_equal_rewards_give_exactly_zero_advantages():
         for kind in ("zscore", "mean", "batch"):
             got = group_advantages(torch.cat([group, other]), size, kind)
             assert got[:size].eq(0).all() and got[size:].ne(0).sum() >= size - 1, (value, size, kind)
-    kept = torch.tensor([True, True, False, True, True, True])  # the dropped member differs: the rest are equal
-    assert group_advantages(torch.tensor([0.3, 0.3, 1.0, 0.3, -1.0, 1.0]), 3, "zscore", kept)[:3].eq(0).all()
+    kept = torch.tensor([True] * 6 + [False])  # the dropped member differs: the six kept are equal
+    rewards = torch.tensor([0.3] * 6 + [1.0])
+    assert group_advantages(rewards, 7, "zscore", kept).eq(0).all()
 
 
-def test_rows_with_advantage_zero_are_not_read_and_the_gradient_is_the_one_of_every_row(monkeypatch):
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_rows_with_advantage_zero_are_not_read_and_the_gradient_is_the_one_of_every_row(monkeypatch, agg):
     """Without a KL term a row whose advantage is 0 adds exactly 0 to the gradient, so the update
-    does not read it; the loss still divides by the tokens of every row, so the gradient equals the
-    two-read step over all of them. With a KL term every row is read (the KL pulls on each)."""
+    does not read it; the loss still divides by the tokens (or responses) of every row, so the
+    gradient equals the two-read step over all of them, and the entropy is the mean over the rows
+    read. Off-policy (updates = 2) pi_old is read for those rows only. With a KL term every row is
+    read (the KL pulls on each)."""
     import nanopar.grpo
+    from nanopar.grpo import rollout_batch
 
     model = tiny_qwen_model(vocab_size=V)
     rollouts = structured_rollouts(model, seed=1, keep_bias=True)
     advantages = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.2, -0.4, -0.4, -0.4])  # the first group all equal
-    settings = GRPOSettings(micro_batch=2)
+    settings = GRPOSettings(micro_batch=2, loss_agg=agg)
     want_loss, want_grads = two_read_update(copy.deepcopy(model), rollouts, advantages, Policy(TAGS), settings)
+    batch = rollout_batch(rollouts[4:], PAD)  # the rows with signal: their entropy, read by hand
+    with torch.no_grad():
+        _, entropy = trace_logprobs(copy.deepcopy(model).train(), batch, Policy(TAGS), with_entropy=True)
+    want_entropy = ((entropy * batch.target_mask).sum() / batch.target_mask.sum()).item()
     grads = {}
     monkeypatch.setattr(nanopar.grpo, "apply_gradients", lambda model, *_: grads.update(
         {n: p.grad.clone() for n, p in model.named_parameters()}) or (0.0, False))
@@ -198,10 +207,15 @@ def test_rows_with_advantage_zero_are_not_read_and_the_gradient_is_the_one_of_ev
         lambda module, args, kwargs: rows.append((kwargs.get("input_ids") if kwargs.get("input_ids") is not None
                                                   else kwargs["inputs_embeds"]).shape[0]), with_kwargs=True)
     metrics = grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS), settings, PAD)
-    assert sum(rows) == 4 and metrics["entropy"] > 0 and metrics["logprob_gap"] < 1e-5
+    assert sum(rows) == 4 and metrics["read_rows"] == 0.5 and metrics["logprob_gap"] < 1e-5
+    assert metrics["entropy"] == pytest.approx(want_entropy, rel=1e-5)
     assert metrics["loss"] == pytest.approx(want_loss, rel=1e-6)
     for name, grad in want_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-9)
+    rows.clear()
+    grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS),
+                GRPOSettings(micro_batch=2, loss_agg=agg, updates=2), PAD)
+    assert sum(rows) == 3 * 4  # pi_old, then two updates, of the four rows with signal
     rows.clear()
     grpo_update(model, make_optimizer(model, lr=0.0)[0], rollouts, advantages, Policy(TAGS),
                 GRPOSettings(micro_batch=2, kl_beta=0.1), PAD, Reference(model))
@@ -306,7 +320,7 @@ def two_read_update(model, rollouts, advantages, policy, settings):
     from nanopar.grpo import rollout_batch
 
     batch = rollout_batch(rollouts, PAD)
-    total = batch.target_mask.sum()
+    total = batch.target_mask.sum() if settings.loss_agg == "token-mean" else torch.tensor(float(len(rollouts)))
     groups = [list(range(i, min(i + settings.micro_batch, len(batch)))) for i in range(0, len(batch), settings.micro_batch)]
     model.train()
     model.zero_grad(set_to_none=True)
@@ -316,7 +330,7 @@ def two_read_update(model, rollouts, advantages, policy, settings):
     for g, before in zip(groups, old):
         micro = batch.rows(g)
         new, _ = trace_logprobs(model, micro, policy, with_entropy=True)
-        loss = policy_loss(new, before, advantages[g], micro.target_mask, total, settings.clip)
+        loss = policy_loss(new, before, advantages[g], micro.target_mask, total, settings.clip, agg=settings.loss_agg)
         loss.backward()
         loss_sum += loss.item()
     return loss_sum, {n: p.grad.clone() for n, p in model.named_parameters()}
