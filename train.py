@@ -101,13 +101,14 @@ PRESETS = {  # name -> the TrainConfig fields it changes
     # `--stages sft` command's: sampling them too made six evaluations ~52 minutes of the run)
     "qwen-curriculum": {**qwen, "out": "runs/qwen-curriculum", "baseline": True, "rl_easy_steps": 5, "rl_hard_steps": 2,
                         "group_size": 4, "lr": 1e-4, "eval_data": "gsm8k", "eval_problems": 20, "eval_batch": 20},
-    # Parallel-R1's stage 1 at its own group size on a CPU, sized for 90 minutes and measured at ~2 hours (docs/qwen.md,
-    # "Stage 1 at Parallel-R1's group size"): the qwen preset's cold start, then GSM8K GRPO at 8 prompts x 8 responses for each arm (the parallel
-    # reward from the cold start, accuracy-only GRPO from the model as shipped), micro-batches of <= 2,048 tokens
-    # (the update's products at twice the rows run closer to this CPU's floor), every model evaluated on the first
-    # 200 GSM8K test problems (never trained on: the stages train on GSM8K's train split); no stage 2
+    # Parallel-R1's stage 1 at its own group size on a CPU in ~80 minutes (docs/qwen.md, "Stage 1 at Parallel-R1's
+    # group size"): the qwen preset's cold start, then 8 GSM8K GRPO steps at 8 prompts x 8 responses for each arm
+    # (the parallel reward from the cold start, accuracy-only GRPO from the model as shipped) at the qwen preset's
+    # 2e-5 (1e-4 moved the 0.5B too far in 3 steps), micro-batches of <= 2,048 tokens (the update's products at twice
+    # the rows run closer to this CPU's floor), every model evaluated on the first 200 GSM8K test problems (never
+    # trained on: the stages train on GSM8K's train split); no stage 2
     "qwen-rl": {**qwen, "out": "runs/qwen-rl", "baseline": True, "skip": "rl-hard,baseline-rl-hard", "eval_model": True,
-                "rl_easy_steps": 8, "prompts_per_step": 8, "group_size": 8, "lr": 1e-4, "micro_batch_tokens": 2048,
+                "rl_easy_steps": 8, "prompts_per_step": 8, "group_size": 8, "micro_batch_tokens": 2048,
                 "eval_data": "gsm8k", "eval_problems": 200, "eval_batch": 100},
     "smollm2": {"model": "pypi:smollm2", "out": "runs/smollm2", "skip": "rl-hard", "instructions": "none",
                 "sft_steps": 48, "sft_batch": 4, "sft_lr": 2e-3, "tag_lr_scale": 10.0,
