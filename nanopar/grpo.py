@@ -134,7 +134,7 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     keep = kept.nonzero().flatten().tolist()
     # every kept advantage 0 and no KL term: the loss and its gradient are 0, so skip the forward and
     # backward (the scheduler still steps, so the learning-rate schedule keeps its place)
-    signal = bool(advantages[keep].ne(0).any()) or (reference is not None and settings.kl_beta > 0)
+    signal = bool(advantages[keep].ne(0).any()) or has_kl_term(reference, settings)
     # under torchrun every process updates if any has something to learn (the gradients are summed
     # over all of them), a process that kept nothing with zeros; in one process: keep and signal
     learn = distributed.any_rank(bool(keep) and signal, "the vote on whether the step learns")
@@ -297,6 +297,12 @@ class Reference:
                     p.copy_(value)
 
 
+def has_kl_term(reference: Reference | None, settings: GRPOSettings) -> bool:
+    """Whether the loss holds the KL term: a reference to pull towards and beta > 0. Without it a row
+    whose advantage is 0 adds nothing to the loss or its gradient."""
+    return reference is not None and settings.kl_beta > 0
+
+
 def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Tensor, policy: Policy,
                 settings: GRPOSettings, pad_id: int, reference: Reference | None = None, scheduler=None) -> dict:
     """`settings.updates` optimiser steps on one rollout batch. -> metrics of the last step"""
@@ -311,7 +317,7 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
     # a row whose advantage is 0 adds exactly 0 to the loss's gradient (-min(r A, clip(r) A) = 0) unless
     # a KL term holds it: it is not read (a group of one reward, a reward equal to its group's mean);
     # the divisor above still counts its tokens, so the gradient is the one of every row (up to rounding)
-    kl = reference is not None and settings.kl_beta > 0
+    kl = has_kl_term(reference, settings)
     read = list(range(len(rollouts))) if kl else advantages.ne(0).nonzero().flatten().tolist()  # rows of the batch
     lengths = batch.lengths()
     groups = [[read[j] for j in rows] for rows in micro_batches([lengths[i] for i in read], settings.micro_batch,
