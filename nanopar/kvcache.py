@@ -9,10 +9,13 @@ finished lanes change the set of rows, which `rebuild` does in one pass per step
     row 0   . . . a b c d      lens = [4, 6]   (. = padding, never attended)
     row 1   . p q r s t u
 
-`LaneCache.rebuild` copies the new rows at once (`rebuilt_rows`, the plain version).
-`LazyLaneCache` gives the model the very same tensors one copy cheaper: a decode step copies the
-cache anyway (`DynamicCache` appends a column by concatenation), so its rebuild only records the
-new rows and the next step's append builds them in that same copy.
+`LaneCache.rebuild` copies the new rows at once (`rebuilt_rows`, the plain version), and every
+decode step appends its column the way `DynamicCache` does, by concatenation: a copy of the whole
+cache per step. `LazyLaneCache` gives the model the very same values without those copies: each
+layer keeps its keys and values in a buffer with `SPARE_COLUMNS` free columns on the right, a
+step writes its column into them in place (a full buffer is copied once into one with spare
+columns again), and a rebuild only records the new rows, which the next step's append builds in
+a new buffer. The model reads views of the buffers' filled columns.
 Not here: what the lanes mean (sampler.py) or which positions their tokens have (layout.py).
 """
 
@@ -28,17 +31,19 @@ Piece = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of on
 
 
 def rebuilt_rows(old: torch.Tensor, keep: torch.Tensor, extra: list[torch.Tensor], width: int,
-                 new: torch.Tensor | None = None) -> torch.Tensor:
+                 new: torch.Tensor | None = None, spare: int = 0) -> torch.Tensor:
     """One layer's keys or values with new rows: the rows `keep` of `old`, then one row per tensor
     of `extra`, each right-aligned in `width` columns (zeros on the left, extra columns on the
-    left cut), then the columns `new` appended to every row (the lazy rebuild's step). One copy.
+    left cut), then the columns `new` appended to every row (the lazy rebuild's step), then
+    `spare` columns left unwritten (the lazy cache's room to append in place). One copy.
 
     old [N, H, W, D], keep [n_keep] long, extra: [H, n, D] each, new [n_keep + n_extra, H, m, D]
-    -> [n_keep + n_extra, H, width + m, D]
+    -> [n_keep + n_extra, H, width + m + spare, D]
     """
     N, H, W, D = old.shape
     n_keep = keep.shape[0]
-    out = old.new_empty(n_keep + len(extra), H, width + (0 if new is None else new.shape[-2]), D)
+    m = 0 if new is None else new.shape[-2]
+    out = old.new_empty(n_keep + len(extra), H, width + m + spare, D)
     shared = min(width, W)  # columns of the old rows that fit
     out[:n_keep, :, : width - shared] = 0
     rows = out[:n_keep, :, width - shared : width]  # [n_keep, H, shared, D]
@@ -50,7 +55,7 @@ def rebuilt_rows(old: torch.Tensor, keep: torch.Tensor, extra: list[torch.Tensor
         out[n_keep + j, :, : width - part.shape[-2]] = 0
         out[n_keep + j, :, width - part.shape[-2] : width] = part
     if new is not None:
-        out[:, :, width:] = new
+        out[:, :, width : width + m] = new
     return out
 
 
@@ -140,9 +145,16 @@ class _Plan:
     width: int
 
 
+# free columns each layer's buffer keeps on the right: a decode step writes its column there in place
+# instead of copying the whole cache into a new tensor, as a concatenation does (a copy of every lane's
+# keys and values, per layer and step: at 64 lanes of ~600 tokens as long as attention itself on a
+# CPU, bench/kv_append.py); a full buffer is copied once into one with this many free columns again
+SPARE_COLUMNS = 64
+
+
 class LazyLaneCache(LaneCache):
-    """A `LaneCache` whose `rebuild` rides on the next forward's append: the same tensors, one
-    copy of the cache fewer per rebuild."""
+    """A `LaneCache` that writes each step's column in place and whose `rebuild` rides on the next
+    forward's append: the same values, without a copy of the cache per step or per rebuild."""
 
     def __init__(self, cache: DynamicCache, lens: list[int]):
         super().__init__(cache, lens)
@@ -163,6 +175,8 @@ class LazyLaneCache(LaneCache):
         if self.plan is not None:
             plan, self.plan = self.plan, None
             super()._rebuild_layers(plan.keep, plan.extra, plan.width)
+            for layer in self.cache.layers:  # the rebuilt tensors are the buffers now (full: no spare columns)
+                layer.key_buffer, layer.value_buffer = layer.keys, layer.values
 
     def piece(self, row: int, start: int, end: int) -> Piece:
         self.settle()
@@ -173,28 +187,46 @@ class LazyLaneCache(LaneCache):
             raise RuntimeError("the forward did not update the lane cache (use_cache=True, cache=LaneCache.cache)")
         super().appended()
 
+    def nbytes(self) -> int:
+        """Bytes held by the layers' buffers, their spare columns included."""
+        return sum(l.key_buffer.nbytes + l.value_buffer.nbytes for l in self.cache.layers)
+
 
 class _Layer(DynamicLayer):
-    """A `DynamicLayer` whose next update first applies the owner's pending rebuild, in the same copy."""
+    """A `DynamicLayer` over buffers with spare columns: its update writes the new columns in place,
+    or first applies the owner's pending rebuild, in the one copy that makes new buffers."""
 
     def __init__(self, owner: LazyLaneCache, index: int, keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
         self.owner, self.index = owner, index
         self.keys, self.values, self.is_initialized, self.device = keys, values, True, keys.device
+        self.key_buffer, self.value_buffer = keys, values  # [N, H, capacity, D]; keys, values: their first columns
 
     def get_seq_length(self) -> int:  # what the model reads before its update: the rebuilt width
         return self.owner.width
 
     def update(self, key_states, value_states, *args, **kwargs):
-        plan = self.owner.plan
-        if plan is None:
-            return super().update(key_states, value_states)
-        self.keys = rebuilt_rows(self.keys, plan.keep, [piece[self.index][0] for piece in plan.extra], plan.width,
-                                 key_states)
-        self.values = rebuilt_rows(self.values, plan.keep, [piece[self.index][1] for piece in plan.extra], plan.width,
-                                   value_states)
-        if self.index == len(self.owner.cache.layers) - 1:  # the last layer: the rebuild is done
-            self.owner.plan = None
+        """key_states, value_states [N, H, m, D] -> this layer's keys and values [N, H, width + m, D]
+        (views of its buffers)."""
+        plan, m = self.owner.plan, key_states.shape[-2]
+        if plan is not None:  # new rows: built in new buffers, the step's columns and the spare ones with them
+            width = plan.width
+            self.key_buffer = rebuilt_rows(self.keys, plan.keep, [piece[self.index][0] for piece in plan.extra],
+                                           width, key_states, SPARE_COLUMNS)
+            self.value_buffer = rebuilt_rows(self.values, plan.keep, [piece[self.index][1] for piece in plan.extra],
+                                             width, value_states, SPARE_COLUMNS)
+            if self.index == len(self.owner.cache.layers) - 1:  # the last layer: the rebuild is done
+                self.owner.plan = None
+        else:  # the same rows: the new columns written after the filled ones
+            width = self.keys.shape[-2]
+            if width + m > self.key_buffer.shape[-2]:  # full: copied once into buffers with spare columns
+                every = torch.arange(self.keys.shape[0], device=self.keys.device)
+                self.key_buffer = rebuilt_rows(self.keys, every, [], width, spare=m + SPARE_COLUMNS)
+                self.value_buffer = rebuilt_rows(self.values, every, [], width, spare=m + SPARE_COLUMNS)
+            self.key_buffer[:, :, width : width + m] = key_states
+            self.value_buffer[:, :, width : width + m] = value_states
+        self.keys = self.key_buffer[:, :, : width + m]  # [N, H, width + m, D] views
+        self.values = self.value_buffer[:, :, : width + m]
         return self.keys, self.values
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from nanopar.kvcache import LaneCache, LazyLaneCache, join
+from nanopar.kvcache import SPARE_COLUMNS, LaneCache, LazyLaneCache, join
 
 CACHES = {"plain": LaneCache, "lazy": LazyLaneCache}
 
@@ -76,3 +76,42 @@ def test_the_step_mask_is_the_mask_of_each_step(kind):
             lanes.rebuild([2, 0, 0], [])
     lanes.rebuild([1], [])
     assert lanes.step_mask(torch.float32) is None  # one row: no padding, sdpa's unmasked path
+
+
+def test_the_lazy_cache_appends_in_place_and_holds_the_plain_caches_values_step_after_step():
+    """150 steps with rebuilds (a piece read between them settles one at once) against the plain
+    cache's concatenations: the same tensors every step, and a new buffer only at a rebuild or
+    when the spare columns run out."""
+    g = torch.Generator().manual_seed(1)
+    N, H, W, D, layers = 4, 2, 5, 3, 2
+    start = [(torch.randn(N, H, W, D, generator=g), torch.randn(N, H, W, D, generator=g)) for _ in range(layers)]
+    caches, lanes = {}, {}
+    for kind, Cache in CACHES.items():
+        caches[kind] = DynamicCache()
+        for i, (k, v) in enumerate(start):
+            caches[kind].update(k.clone(), v.clone(), i)
+        lanes[kind] = Cache(caches[kind], [5, 3, 5, 4])
+    lazy_layer = caches["lazy"].layers[0]
+    new_buffers = 0
+    for step in range(150):
+        if step in (30, 100):  # drop a row, duplicate one, join two of them as a new row
+            for kind in CACHES:
+                joined = join([lanes[kind].piece(0, 0, 2), lanes[kind].piece(1, 0, lanes[kind].lens[1])])
+                lanes[kind].rebuild([2, 1, 1], [joined])
+        if step == 60:  # read a piece after a rebuild: the lazy cache applies it now, before any step
+            for kind in CACHES:
+                lanes[kind].rebuild([0, 1, 2], [])
+                assert lanes[kind].piece(2, 0, 3)[0][0].shape == (H, 3, D)
+        rows = len(lanes["plain"].lens)
+        new = [(torch.randn(rows, H, 1, D, generator=g), torch.randn(rows, H, 1, D, generator=g)) for _ in range(layers)]
+        buffer = lazy_layer.key_buffer
+        for i, (k, v) in enumerate(new):
+            plain, lazy = caches["plain"].update(k, v, i), caches["lazy"].update(k, v, i)
+            assert torch.equal(plain[0], lazy[0]) and torch.equal(plain[1], lazy[1])
+        new_buffers += lazy_layer.key_buffer is not buffer
+        for kind in CACHES:
+            lanes[kind].appended()
+        assert lanes["lazy"].lens == lanes["plain"].lens and lanes["lazy"].width == lanes["plain"].width
+    # 3 rebuilds (one of them settled at the piece) and ~150 / SPARE_COLUMNS grows, not 150 copies
+    assert new_buffers <= 3 + 150 // SPARE_COLUMNS + 1
+    assert lanes["lazy"].nbytes() >= lanes["plain"].nbytes()  # the spare columns are held too
