@@ -21,12 +21,19 @@ the base's own: bfloat16 against peft's float32 (tests/test_lora_dtype.py measur
 float32 input (a float32 model, bitsandbytes' 4-bit layers computing in float32 on a CPU) has no
 detour to skip: peft's forward runs, bit for bit as before.
 
+While the adapter cannot change, inside `casts_kept(model)` (a sampler call, under no gradient),
+each layer casts it once and keeps the casts: a decode step calls every adapted projection once
+per token, and its two casts and the scaling are ~5% of a step (bench/lora_casts.py). Outside,
+and whenever a gradient is recorded, the casts are made at each call, as above.
+
 Not here (peft's own forward runs them): float32, merged or disabled adapters, mixed adapter batches
 (`adapter_names=`), LoRA variants (DoRA, ...), LoRA with a bias; LoRA on layers other than a
 linear or a bitsandbytes 4-bit linear is refused (nanopar adapts the projections only).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +49,7 @@ class BaseDtypeLora:
     subclass of each peft layer class it serves; `use_base_dtype_lora` swaps the classes."""
 
     copy_base_output = False  # bitsandbytes' 4-bit layer: its output may not be written in place
+    kept_casts: dict | None = None  # inside `casts_kept`: {adapter name: (A, s B) in the base's dtype}
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         # peft's own forward where there is no detour to skip (float32 meets float32 adapters) and
@@ -58,13 +66,37 @@ class BaseDtypeLora:
         for name in self.active_adapters:
             if name not in self.lora_A:
                 continue
-            A = self.lora_A[name].weight.to(result.dtype)  # [r, in]
-            B = (self.lora_B[name].weight * self.scaling[name]).to(result.dtype)  # [out, r], scaled
+            A, B = self.adapter_in(name, result.dtype)  # [r, in], [out, r] scaled
             down = F.linear(self.lora_dropout[name](x.to(result.dtype)), A)  # [..., r]
             # in place: the base's output is fresh and its backward does not keep it (addmm's copy
             # of an [n, out] input would cost as much as the update itself)
             flat.addmm_(down.reshape(-1, down.shape[-1]), B.t())  # [n, out] += down B^T
         return result
+
+    def adapter_in(self, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A [r, in], s B [out, r]) in `dtype`: cast now, or once per `casts_kept` scope where no
+        gradient is recorded (a kept cast would hold no path back to the float32 parameters)."""
+        kept = self.kept_casts
+        if kept is None or torch.is_grad_enabled():
+            return self.lora_A[name].weight.to(dtype), (self.lora_B[name].weight * self.scaling[name]).to(dtype)
+        if name not in kept or kept[name][0].dtype != dtype:
+            kept[name] = self.lora_A[name].weight.to(dtype), (self.lora_B[name].weight * self.scaling[name]).to(dtype)
+        return kept[name]
+
+
+@contextlib.contextmanager
+def casts_kept(model):
+    """Within: every base-dtype LoRA layer of `model` keeps its adapter's casts from its first call
+    under no gradient to the end (the caller promises the adapter does not change meanwhile: a
+    sampler call). Dropped on the way out, so a later call sees the adapter as it is then."""
+    layers = [m for m in model.modules() if isinstance(m, BaseDtypeLora)]
+    for layer in layers:
+        layer.kept_casts = {}
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.kept_casts = None
 
 
 class BaseDtypeLoraLinear(BaseDtypeLora, LoraLinear):

@@ -35,6 +35,7 @@ from transformers import DynamicCache
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
+from .lora_dtype import casts_kept
 from .policy import Policy, draw
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -194,7 +195,8 @@ def sample(
         generator = torch.Generator(device=model.device).manual_seed(settings.seed)
     decoder = _Decoder(model, policy, settings, set(eos_ids), generator, lane_cache)
     try:
-        rollouts = decoder.run(prompts, samples_per_prompt)
+        with casts_kept(model):  # the adapter cannot change during the call: each layer casts it once
+            rollouts = decoder.run(prompts, samples_per_prompt)
     finally:
         model.train(was_training)
     wall = time.perf_counter() - started

@@ -9,7 +9,7 @@ import torch
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 from conftest import OpOutputs, perturb_trainable
-from nanopar.lora_dtype import CLASSES, BaseDtypeLoraLinear
+from nanopar.lora_dtype import CLASSES, BaseDtypeLoraLinear, casts_kept
 from nanopar.model import ModelSettings, apply_lora
 from nanopar.tags import TagIds
 from nanopar.tiny import tiny_qwen_model
@@ -134,3 +134,27 @@ def test_over_bitsandbytes_4bit_layers_computing_in_bfloat16_the_values_and_grad
     for name, g in grads.items():
         cosine = torch.nn.functional.cosine_similarity(g.flatten(), peft_grads[name].flatten(), dim=0)
         assert g.dtype == torch.float32 and cosine > 0.999, (name, cosine)
+
+
+def test_kept_casts_give_the_same_logits_and_are_dropped_at_the_scopes_end():
+    """Inside `casts_kept` under no gradient each layer casts its adapter once: the same logits as
+    casting at every call; a change to the adapter after the scope is seen by the next call; a
+    forward that records a gradient inside the scope still reaches the float32 parameters."""
+    model = lora_model(torch.bfloat16).eval()
+    layer = next(m for m in model.modules() if isinstance(m, BaseDtypeLoraLinear))
+    with torch.no_grad():
+        fresh = model(IDS).logits
+        with casts_kept(model):
+            kept_first, kept_again = model(IDS).logits, model(IDS).logits
+            assert set(layer.kept_casts) == {"default"}
+        assert layer.kept_casts is None
+    assert torch.equal(fresh, kept_first) and torch.equal(fresh, kept_again)
+    with torch.no_grad():
+        layer.lora_B["default"].weight.add_(0.5)  # an optimiser step between two sampler calls
+        moved = model(IDS).logits
+        with casts_kept(model):
+            assert torch.equal(model(IDS).logits, moved) and not torch.equal(moved, fresh)
+    with casts_kept(model):
+        model(IDS).logits.float().sum().backward()
+    assert layer.lora_B["default"].weight.grad is not None and layer.lora_B["default"].weight.grad.abs().sum() > 0
+    assert layer.kept_casts is None
