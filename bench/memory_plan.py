@@ -69,9 +69,10 @@ STORED = load_coefficients()
 
 # --- the plan --------------------------------------------------------------------------------
 def sequence_tokens(prompt_tokens: int, new_tokens: int, paths: int, max_blocks: int) -> int:
-    """Tokens of the longest row: prompt + sampled + inserted tags (per block: K forced <Path>,
-    up to K inserted </Path>, the two merge tags </Parallel><Summary>)."""
-    return prompt_tokens + new_tokens + max_blocks * (2 * paths + 2)
+    """Tokens of the longest row: the sampler's own bound (`SamplerSettings.longest_row`)."""
+    from nanopar.sampler import SamplerSettings  # (as library_chunk: the plan reads the library's own figures)
+
+    return SamplerSettings(paths=paths, max_new_tokens=new_tokens, max_blocks=max_blocks).longest_row(prompt_tokens)
 
 
 def predict(model_name: str, prompts: int = 8, samples: int = 8, new_tokens: int = 1024, prompt_tokens: int = 320,

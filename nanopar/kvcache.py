@@ -62,9 +62,10 @@ def rebuilt_rows(old: torch.Tensor, keep: torch.Tensor, extra: list[torch.Tensor
 class LaneCache:
     """The rows of a `DynamicCache` as lanes; `rebuild` copies the new rows at once."""
 
-    def __init__(self, cache: DynamicCache, lens: list[int]):
+    def __init__(self, cache: DynamicCache, lens: list[int], most_columns: int | None = None):
         self.cache = cache  # the model's cache object, passed to every forward
         self.lens = list(lens)  # real tokens per row (right-aligned)
+        self.most_columns = most_columns  # the widest a row can grow (None: unknown): the lazy cache's spare columns stop there
         self._mask = None  # [N, columns] the step mask with spare columns; steps keep it, rebuilds reset it
 
     @property
@@ -148,7 +149,8 @@ class _Plan:
 # free columns each layer's buffer keeps on the right: a decode step writes its column there in place
 # instead of copying the whole cache into a new tensor, as a concatenation does (a copy of every lane's
 # keys and values, per layer and step: at 64 lanes of ~600 tokens as long as attention itself on a
-# CPU, bench/kv_append.py); a full buffer is copied once into one with this many free columns again
+# CPU, bench/kv_append.py); a full buffer is copied once into one with this many free columns again,
+# never past the widest a row can grow (`most_columns`), so the cache's peak stays the concatenation's
 SPARE_COLUMNS = 64
 
 
@@ -156,8 +158,8 @@ class LazyLaneCache(LaneCache):
     """A `LaneCache` that writes each step's column in place and whose `rebuild` rides on the next
     forward's append: the same values, without a copy of the cache per step or per rebuild."""
 
-    def __init__(self, cache: DynamicCache, lens: list[int]):
-        super().__init__(cache, lens)
+    def __init__(self, cache: DynamicCache, lens: list[int], most_columns: int | None = None):
+        super().__init__(cache, lens, most_columns)
         self.plan: _Plan | None = None  # a rebuild the next forward applies
         cache.layers[:] = [_Layer(self, i, layer.keys, layer.values) for i, layer in enumerate(cache.layers)]
 
@@ -181,6 +183,11 @@ class LazyLaneCache(LaneCache):
     def piece(self, row: int, start: int, end: int) -> Piece:
         self.settle()
         return super().piece(row, start, end)
+
+    def spare(self, columns: int) -> int:
+        """Free columns for a buffer of `columns` filled ones: `SPARE_COLUMNS`, none past the widest
+        a row can grow (so the cache's peak is the concatenation's: bench/memory_plan.py)."""
+        return SPARE_COLUMNS if self.most_columns is None else max(0, min(SPARE_COLUMNS, self.most_columns - columns))
 
     def appended(self) -> None:
         if self.plan is not None:
@@ -211,18 +218,20 @@ class _Layer(DynamicLayer):
         plan, m = self.owner.plan, key_states.shape[-2]
         if plan is not None:  # new rows: built in new buffers, the step's columns and the spare ones with them
             width = plan.width
+            spare = self.owner.spare(width + m)
             self.key_buffer = rebuilt_rows(self.keys, plan.keep, [piece[self.index][0] for piece in plan.extra],
-                                           width, key_states, SPARE_COLUMNS)
+                                           width, key_states, spare)
             self.value_buffer = rebuilt_rows(self.values, plan.keep, [piece[self.index][1] for piece in plan.extra],
-                                             width, value_states, SPARE_COLUMNS)
+                                             width, value_states, spare)
             if self.index == len(self.owner.cache.layers) - 1:  # the last layer: the rebuild is done
                 self.owner.plan = None
         else:  # the same rows: the new columns written after the filled ones
             width = self.keys.shape[-2]
             if width + m > self.key_buffer.shape[-2]:  # full: copied once into buffers with spare columns
                 every = torch.arange(self.keys.shape[0], device=self.keys.device)
-                self.key_buffer = rebuilt_rows(self.keys, every, [], width, spare=m + SPARE_COLUMNS)
-                self.value_buffer = rebuilt_rows(self.values, every, [], width, spare=m + SPARE_COLUMNS)
+                spare = m + self.owner.spare(width + m)
+                self.key_buffer = rebuilt_rows(self.keys, every, [], width, spare=spare)
+                self.value_buffer = rebuilt_rows(self.values, every, [], width, spare=spare)
             self.key_buffer[:, :, width : width + m] = key_states
             self.value_buffer[:, :, width : width + m] = value_states
         self.keys = self.key_buffer[:, :, : width + m]  # [N, H, width + m, D] views

@@ -63,6 +63,11 @@ class SamplerSettings:
         if not 0 < self.top_p <= 1 or self.top_k < 0:
             raise NanoparError(f"top_p must be in (0, 1] and top_k >= 0, got {self.top_p} and {self.top_k}")
 
+    def longest_row(self, prompt_tokens: int) -> int:
+        """Tokens of the longest row a response can grow to: prompt + sampled + inserted tags (per
+        block: K forced <Path>, up to K inserted </Path>, the two merge tags </Parallel><Summary>)."""
+        return prompt_tokens + self.max_new_tokens + self.max_blocks * (2 * self.paths + 2)
+
     @classmethod
     def from_flags(cls, config, **changes) -> "SamplerSettings":
         """The sampler's fields of a script's config that extends this class (train.py, eval.py, ...)."""
@@ -282,7 +287,7 @@ class _Decoder:
             input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
             cache=DynamicCache() if self.window else None, use_cache=True, logits_to_keep=last,
         )
-        self.cache = self.lane_cache(out.cache, [len(p) for p in prompts])
+        self.cache = self.lane_cache(out.cache, [len(p) for p in prompts], self.settings.longest_row(T))
         rows = [p for p in range(len(prompts)) for _ in range(samples_per_prompt)]
         if samples_per_prompt > 1:
             self.cache.rebuild(rows, [])

@@ -115,3 +115,21 @@ def test_the_lazy_cache_appends_in_place_and_holds_the_plain_caches_values_step_
     # 3 rebuilds (one of them settled at the piece) and ~150 / SPARE_COLUMNS grows, not 150 copies
     assert new_buffers <= 3 + 150 // SPARE_COLUMNS + 1
     assert lanes["lazy"].nbytes() >= lanes["plain"].nbytes()  # the spare columns are held too
+
+
+def test_the_lazy_caches_spare_columns_stop_at_the_widest_a_row_can_grow():
+    """Given the widest a row can grow, the buffers never hold more columns than that: the cache's
+    peak is the concatenation's (bench/memory_plan.py plans it so)."""
+    g = torch.Generator().manual_seed(2)
+    N, H, W, D, most = 3, 2, 6, 4, 20
+    cache = DynamicCache()
+    cache.update(torch.randn(N, H, W, D, generator=g), torch.randn(N, H, W, D, generator=g), 0)
+    lanes = LazyLaneCache(cache, [6, 6, 4], most_columns=most)
+    for step in range(most - W):
+        if step == 3:
+            lanes.rebuild([0, 2], [])
+        rows = len(lanes.lens)
+        keys, _ = cache.update(torch.randn(rows, H, 1, D, generator=g), torch.randn(rows, H, 1, D, generator=g), 0)
+        lanes.appended()
+        assert keys.shape[-2] == W + step + 1 <= cache.layers[0].key_buffer.shape[-2] <= most
+    assert cache.layers[0].key_buffer.shape[-2] == most
