@@ -15,11 +15,12 @@ put, so every call times the same work).
 Rewards: in a group with a signal, 1 and 0 in turn (every advantage +-1); in the others, all 0
 (every advantage exactly 0). The two sides of a row, taking turns, best of --rounds:
   skip       `grpo_update` as the library runs it: the rows of advantage 0 are not read
-  read all   the same call with those advantages set to 1e-6 instead, so every row is read. (Not
-             1e-30: its gradients fall below float32's normal range, and a CPU's denormal
-             arithmetic takes minutes where the update takes seconds.)
-Both give the same gradient up to the 1e-6 rows' share: the table's last column is the ratio of
-their gradient norms. Not here: sampling (the same for both), a KL term (it reads every row).
+  read all   the same call with those advantages set to 1e-6 instead, so every row is read (their
+             products stay well inside float32's normal range, where 1e-30's would not)
+Both take the same step up to the 1e-6 rows' share and the rounding of other micro-batches (rows
+packed otherwise, padded otherwise: in bfloat16 that moves the gradient by a fraction of a
+percent): the table's last column is the ratio of their gradient norms. Not here: sampling (the
+same for both), a KL term (it reads every row).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from nanopar.policy import Policy
 from nanopar.prompts import build_prompt, instructions_named
 from nanopar.sampler import SamplerSettings, sample
 
-UNREAD = 1e-6  # the "read all" side's advantage for a row of none: read, and a gradient still in float32's normal range
+UNREAD = 1e-6  # the "read all" side's advantage for a row of no signal: read, adding ~1e-6 of the gradient
 
 
 def advantages_with_signal(groups: int, group_size: int, with_signal: int) -> torch.Tensor:
