@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common import write_report
-from nanopar import sampler
+from nanopar import lora_dtype
 from nanopar.data import load_problems
 from nanopar.defaults import cpu_dtype, on_cpu
 from nanopar.model import QWEN_PROJECTIONS, ModelSettings, cpu_bf16_instructions, load_model
@@ -45,14 +45,14 @@ def casts_made_at_every_call(model):
 
 def timed_call(model, prompts, policy, settings, samples: int, keep: bool) -> tuple[float, list]:
     """(seconds, the sampled ids) of one sampler call, the casts kept or not."""
-    scope = sampler.casts_kept
-    sampler.casts_kept = scope if keep else casts_made_at_every_call
+    scope = lora_dtype.casts_kept  # what `sample` enters for its call
+    lora_dtype.casts_kept = scope if keep else casts_made_at_every_call
     try:
         begun = time.perf_counter()
         rollouts = sample(model, prompts, policy, settings, [], samples)
         return time.perf_counter() - begun, [r.ids for r in rollouts]
     finally:
-        sampler.casts_kept = scope
+        lora_dtype.casts_kept = scope
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -35,7 +35,6 @@ from transformers import DynamicCache
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
-from .lora_dtype import casts_kept
 from .policy import Policy, draw
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -199,6 +198,8 @@ def sample(
     if settings.seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(settings.seed)
     decoder = _Decoder(model, policy, settings, set(eos_ids), generator, lane_cache)
+    from .lora_dtype import casts_kept  # here, not above: it imports bitsandbytes, which a LoRA model has loaded already
+
     try:
         with casts_kept(model):  # the adapter cannot change during the call: each layer casts it once
             rollouts = decoder.run(prompts, samples_per_prompt)
