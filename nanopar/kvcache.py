@@ -150,7 +150,7 @@ class _Plan:
 # instead of copying the whole cache into a new tensor, as a concatenation does (a copy of every lane's
 # keys and values, per layer and step: a tenth of a 64-lane sampler call of 384 tokens on a CPU,
 # bench/kv_append.py); a full buffer is copied once into one with this many free columns again,
-# never past the widest a row can grow (`most_columns`), so the cache's peak stays the concatenation's
+# never past the widest a row can grow (`most_columns`), so the buffers stay within memory_plan.py's bound
 SPARE_COLUMNS = 64
 
 
@@ -176,9 +176,8 @@ class LazyLaneCache(LaneCache):
         """Apply a pending rebuild now, without a forward."""
         if self.plan is not None:
             plan, self.plan = self.plan, None
-            super()._rebuild_layers(plan.keep, plan.extra, plan.width)
-            for layer in self.cache.layers:  # the rebuilt tensors are the buffers now (full: no spare columns)
-                layer.key_buffer, layer.value_buffer = layer.keys, layer.values
+            super()._rebuild_layers(plan.keep, plan.extra, plan.width)  # new keys and values: each layer's next
+            # update sees they are not its views and takes them as its buffers (`_Layer.update`)
 
     def piece(self, row: int, start: int, end: int) -> Piece:
         self.settle()
@@ -186,7 +185,7 @@ class LazyLaneCache(LaneCache):
 
     def spare(self, columns: int) -> int:
         """Free columns for a buffer of `columns` filled ones: `SPARE_COLUMNS`, none past the widest
-        a row can grow (so the cache's peak is the concatenation's: bench/memory_plan.py)."""
+        a row can grow (so the buffers stay within bench/memory_plan.py's bound)."""
         return SPARE_COLUMNS if self.most_columns is None else max(0, min(SPARE_COLUMNS, self.most_columns - columns))
 
     def appended(self) -> None:
@@ -208,6 +207,7 @@ class _Layer(DynamicLayer):
         self.owner, self.index = owner, index
         self.keys, self.values, self.is_initialized, self.device = keys, values, True, keys.device
         self.key_buffer, self.value_buffer = keys, values  # [N, H, capacity, D]; keys, values: their first columns
+        self.view = keys  # the keys this layer last handed out: anything else in self.keys was set from outside
 
     def get_seq_length(self) -> int:  # what the model reads before its update: the rebuilt width
         return self.owner.width
@@ -216,6 +216,8 @@ class _Layer(DynamicLayer):
         """key_states, value_states [N, H, m, D] -> this layer's keys and values [N, H, width + m, D]
         (views of its buffers)."""
         plan, m = self.owner.plan, key_states.shape[-2]
+        if self.keys is not self.view:  # set from outside (a settled rebuild, DynamicLayer's own methods): the buffers now
+            self.key_buffer, self.value_buffer = self.keys, self.values
         if plan is not None:  # new rows: built in new buffers, the step's columns and the spare ones with them
             width = plan.width
             spare = self.owner.spare(width + m)
@@ -228,13 +230,15 @@ class _Layer(DynamicLayer):
         else:  # the same rows: the new columns written after the filled ones
             width = self.keys.shape[-2]
             if width + m > self.key_buffer.shape[-2]:  # full: copied once into buffers with spare columns
-                every = torch.arange(self.keys.shape[0], device=self.keys.device)
-                spare = m + self.owner.spare(width + m)
-                self.key_buffer = rebuilt_rows(self.keys, every, [], width, spare=spare)
-                self.value_buffer = rebuilt_rows(self.values, every, [], width, spare=spare)
+                N, H, _, D = self.keys.shape
+                capacity = width + m + self.owner.spare(width + m)
+                self.key_buffer = self.keys.new_empty(N, H, capacity, D)
+                self.key_buffer[:, :, :width] = self.keys
+                self.value_buffer = self.values.new_empty(N, H, capacity, D)
+                self.value_buffer[:, :, :width] = self.values
             self.key_buffer[:, :, width : width + m] = key_states
             self.value_buffer[:, :, width : width + m] = value_states
-        self.keys = self.key_buffer[:, :, : width + m]  # [N, H, width + m, D] views
+        self.keys = self.view = self.key_buffer[:, :, : width + m]  # [N, H, width + m, D] views
         self.values = self.value_buffer[:, :, : width + m]
         return self.keys, self.values
 

@@ -64,7 +64,9 @@ class SamplerSettings:
 
     def longest_row(self, prompt_tokens: int) -> int:
         """Tokens of the longest row a response can grow to: prompt + sampled + inserted tags (per
-        block: K forced <Path>, up to K inserted </Path>, the two merge tags </Parallel><Summary>)."""
+        block: K forced <Path>, up to K inserted </Path>, the two merge tags </Parallel><Summary>).
+        Parallel-R1's schema; NPR's forced step labels can pass it (the lazy lane cache then copies
+        per step beyond it, correct but slower; bench/memory_plan.py plans Parallel-R1's rows)."""
         return prompt_tokens + self.max_new_tokens + self.max_blocks * (2 * self.paths + 2)
 
     @classmethod
@@ -191,6 +193,8 @@ def sample(
     settings.check()
     if not prompts or min(map(len, prompts)) == 0:
         raise NanoparError("sample() needs at least one prompt, and no empty prompt")
+    from .lora_dtype import casts_kept  # here, not above: it imports bitsandbytes, which a LoRA model has loaded already
+
     started = time.perf_counter()
     was_training = model.training
     model.eval()
@@ -198,8 +202,6 @@ def sample(
     if settings.seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(settings.seed)
     decoder = _Decoder(model, policy, settings, set(eos_ids), generator, lane_cache)
-    from .lora_dtype import casts_kept  # here, not above: it imports bitsandbytes, which a LoRA model has loaded already
-
     try:
         with casts_kept(model):  # the adapter cannot change during the call: each layer casts it once
             rollouts = decoder.run(prompts, samples_per_prompt)

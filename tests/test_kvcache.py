@@ -133,3 +133,22 @@ def test_the_lazy_caches_spare_columns_stop_at_the_widest_a_row_can_grow():
         lanes.appended()
         assert keys.shape[-2] == W + step + 1 <= cache.layers[0].key_buffer.shape[-2] <= most
     assert cache.layers[0].key_buffer.shape[-2] == most
+
+
+def test_keys_set_from_outside_the_lazy_layer_become_its_buffers():
+    """DynamicLayer's own methods (here `reorder_cache`) replace a layer's keys and values: the
+    next step appends to those, as the plain cache's concatenation does, not to the old buffer."""
+    g = torch.Generator().manual_seed(3)
+    caches = {}
+    for kind, Cache in CACHES.items():
+        caches[kind] = DynamicCache()
+        caches[kind].update(torch.randn(3, 2, 4, 5, generator=torch.Generator().manual_seed(4)),
+                            torch.randn(3, 2, 4, 5, generator=torch.Generator().manual_seed(5)), 0)
+        Cache(caches[kind], [4, 4, 4])
+    for step in range(3):
+        new = torch.randn(3, 2, 1, 5, generator=g), torch.randn(3, 2, 1, 5, generator=g)
+        if step == 1:
+            for cache in caches.values():
+                cache.layers[0].reorder_cache(torch.tensor([2, 0, 1]))
+        plain, lazy = (caches[kind].update(*new, 0) for kind in ("plain", "lazy"))
+        assert torch.equal(plain[0], lazy[0]) and torch.equal(plain[1], lazy[1])
