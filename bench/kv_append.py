@@ -27,13 +27,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import write_report
-from nanopar.data import load_problems
-from nanopar.defaults import cpu_dtype, on_cpu
+from common import gsm8k_prompts, load_bench_model, model_flags, write_report
 from nanopar.kvcache import LaneCache, LazyLaneCache
-from nanopar.model import QWEN_PROJECTIONS, ModelSettings, cpu_bf16_instructions, load_model
 from nanopar.policy import Policy
-from nanopar.prompts import build_prompt, instructions_named
 from nanopar.sampler import SamplerSettings, sample
 
 CACHES = {"concatenation (LaneCache)": LaneCache, "in place (LazyLaneCache)": LazyLaneCache}
@@ -42,8 +38,7 @@ CACHES = {"concatenation (LaneCache)": LaneCache, "in place (LazyLaneCache)": La
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="pypi:qwen2.5-coder-0.5b", help="the model (tiny:qwen2: a random tiny one)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (defaults.cpu_dtype)")
+    model_flags(parser)
     parser.add_argument("--prompts", type=int, default=8, help="GSM8K train questions")
     parser.add_argument("--samples", type=int, default=8, help="responses a question (lanes = prompts x samples)")
     parser.add_argument("--max-new-tokens", type=int, default=384, help="tokens a response, exactly (no stop)")
@@ -53,16 +48,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.samples, args.max_new_tokens, args.rounds = 2, 2, 16, 1
-    dtype = cpu_dtype(False) if args.dtype == "auto" and on_cpu("auto") else args.dtype
     console = Console(width=150)
-    console.print(f"{args.model}, dtype {dtype} (bfloat16 instructions: {cpu_bf16_instructions()}), "
-                  f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}", highlight=False)
     started = time.perf_counter()
-    torch.manual_seed(0)
-    model, tokenizer = load_model(ModelSettings(args.model, dtype=dtype, lora=True, lora_target_modules=QWEN_PROJECTIONS))
+    model, tokenizer, dtype = load_bench_model(args, console)
     model.eval()
-    problems = load_problems("gsm8k_train", limit=args.prompts)
-    prompts = [build_prompt(p, tokenizer, instructions_named("answer")) for p in problems]
+    prompts = gsm8k_prompts(tokenizer, args.prompts)
     policy = Policy(None, temperature=1.0, vocab_size=len(tokenizer))  # no tags: nothing forks
     settings = SamplerSettings(max_new_tokens=args.max_new_tokens, seed=0)
     seconds = {name: [] for name in CACHES}

@@ -27,13 +27,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import write_report
+from common import gsm8k_prompts, load_bench_model, model_flags, write_report
 from nanopar import lora_dtype
-from nanopar.data import load_problems
-from nanopar.defaults import cpu_dtype, on_cpu
-from nanopar.model import QWEN_PROJECTIONS, ModelSettings, cpu_bf16_instructions, load_model
 from nanopar.policy import Policy
-from nanopar.prompts import build_prompt, instructions_named
 from nanopar.sampler import SamplerSettings, sample
 
 
@@ -58,8 +54,7 @@ def timed_call(model, prompts, policy, settings, samples: int, keep: bool) -> tu
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="pypi:qwen2.5-coder-0.5b", help="the model (tiny:qwen2: a random tiny one)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (defaults.cpu_dtype)")
+    model_flags(parser)
     parser.add_argument("--lanes", default="2x8,8x8", help="comma list of prompts x samples")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens a response, exactly (no stop)")
     parser.add_argument("--rounds", type=int, default=3, help="timed calls of each side")
@@ -68,13 +63,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.lanes, args.max_new_tokens, args.rounds = "1x2", 8, 1
-    dtype = cpu_dtype(False) if args.dtype == "auto" and on_cpu("auto") else args.dtype
     console = Console(width=150)
-    console.print(f"{args.model}, dtype {dtype} (bfloat16 instructions: {cpu_bf16_instructions()}), "
-                  f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}", highlight=False)
     started = time.perf_counter()
-    torch.manual_seed(0)
-    model, tokenizer = load_model(ModelSettings(args.model, dtype=dtype, lora=True, lora_target_modules=QWEN_PROJECTIONS))
+    model, tokenizer, dtype = load_bench_model(args, console)
     policy = Policy(None, temperature=1.0, vocab_size=len(tokenizer))  # no tags: nothing forks
     settings = SamplerSettings(max_new_tokens=args.max_new_tokens, seed=0)
     table = Table(title=f"one sampler call, exactly {args.max_new_tokens} tokens a lane, {dtype}, best of {args.rounds}")
@@ -83,8 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for spec in args.lanes.split(","):
         count, samples = (int(n) for n in spec.split("x"))
-        problems = load_problems("gsm8k_train", limit=count)
-        prompts = [build_prompt(p, tokenizer, instructions_named("answer")) for p in problems]
+        prompts = gsm8k_prompts(tokenizer, count)
         timed_call(model, prompts, policy, settings, samples, keep=True)  # warm-up
         before, times, ids = os.getloadavg()[0], {True: [], False: []}, {}
         for round_ in range(args.rounds):
