@@ -23,7 +23,7 @@ detour to skip: peft's forward runs, bit for bit as before.
 
 While the adapter cannot change, inside `casts_kept(model)` (a sampler call, under no gradient),
 each layer casts it once and keeps the casts: a decode step calls every adapted projection once
-per token, and its two casts and the scaling are ~5% of a step (bench/lora_casts.py). Outside,
+per token, and its two casts and the scaling are a visible share of a step (bench/lora_casts.py). Outside,
 and whenever a gradient is recorded, the casts are made at each call, as above.
 
 Not here (peft's own forward runs them): float32, merged or disabled adapters, mixed adapter batches
@@ -76,12 +76,13 @@ class BaseDtypeLora:
     def adapter_in(self, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(A [r, in], s B [out, r]) in `dtype`: cast now, or once per `casts_kept` scope where no
         gradient is recorded (a kept cast would hold no path back to the float32 parameters)."""
-        kept = self.kept_casts
-        if kept is None or torch.is_grad_enabled():
-            return self.lora_A[name].weight.to(dtype), (self.lora_B[name].weight * self.scaling[name]).to(dtype)
-        if name not in kept or kept[name][0].dtype != dtype:
-            kept[name] = self.lora_A[name].weight.to(dtype), (self.lora_B[name].weight * self.scaling[name]).to(dtype)
-        return kept[name]
+        keep = self.kept_casts is not None and not torch.is_grad_enabled()
+        if keep and name in self.kept_casts and self.kept_casts[name][0].dtype == dtype:
+            return self.kept_casts[name]
+        casts = self.lora_A[name].weight.to(dtype), (self.lora_B[name].weight * self.scaling[name]).to(dtype)
+        if keep:
+            self.kept_casts[name] = casts
+        return casts
 
 
 @contextlib.contextmanager
