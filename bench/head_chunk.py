@@ -5,7 +5,9 @@
 
 `head.head_logprobs` applies the head to `chunk` positions at a time (forward, then the recompute
 and the input's gradient in backward): three products of [chunk, d] by [d, V] per chunk, and
-float32 passes over each [chunk, V] block of logits. Its default chunk holds CHUNK_BYTES of float32
+float32 passes over each [chunk, V] block of logits, written into buffers made once per call.
+A second table races those buffers against a fresh float32 tensor per chunk (the read before
+them), alternating, the same log-probs and gradient asserted. Its default chunk holds CHUNK_BYTES of float32
 logits (220 positions on this head). Here one micro-batch of hidden states ([positions, d],
 random, the policy's real vocabulary) is read with the entropy, forward + backward, as the GRPO
 update reads it, through a bfloat16 head of Qwen2.5-0.5B's shape (896 -> 151,936), at each chunk
@@ -27,6 +29,7 @@ from rich.table import Table
 
 from common import MB, PeakRSS
 from nanopar.config import parse_config
+from nanopar import head as head_module
 from nanopar.head import CHUNK_BYTES, head_logprobs
 
 
@@ -39,6 +42,7 @@ class HeadChunkConfig:
     real_vocab: int = 151_665  # the policy's vocabulary (the tokenizer's, below the padded rows)
     temperature: float = 0.7  # the policy's T (a division per chunk, as the GRPO read does)
     repeats: int = 3  # timed rounds per chunk size (the best counts), after a warm-up round
+    buffers: bool = True  # also race the reused float32 buffers against a fresh tensor per chunk, at the first chunk size
 
 
 def read_once(head, hidden, targets, config: HeadChunkConfig, chunk: int) -> torch.Tensor:
@@ -82,8 +86,47 @@ def main(argv: list[str] | None = None) -> list[dict]:
     table.caption = (f"best of {config.repeats} after a warm-up; MB = peak resident-set rise of the warm-up; "
                      f"TFLOPS counts the head's three products per chunk, not the float32 passes")
     console.print(table)
+    if config.buffers:
+        rows.append(race_buffers(head, hidden, targets, config, console))
     console.print(f"load average after: {os.getloadavg()[0]:.2f}")
     return rows
+
+
+class FreshBuffers(head_module._ChunkBuffers):
+    """The read before its buffers: a new float32 [c, V'] tensor every time one is asked for."""
+
+    def get(self, which: int, like: torch.Tensor) -> torch.Tensor:
+        width = min(self.vocab_size or like.shape[-1], like.shape[-1])
+        return like.new_empty(like.shape[0], width, dtype=torch.float32)
+
+
+def race_buffers(head, hidden, targets, config: HeadChunkConfig, console: Console) -> dict:
+    """Reused buffers against fresh tensors at the first chunk size, alternating: best of `repeats` each."""
+    chunk, reused = config.chunks[0], head_module._ChunkBuffers
+    best = {"reused": math.inf, "fresh": math.inf}
+    outputs = {}
+    for round in range(config.repeats + 1):  # round 0 warms up
+        for name, kind in (("fresh", FreshBuffers), ("reused", reused)):
+            head_module._ChunkBuffers = kind
+            try:
+                start = time.perf_counter()
+                chosen = read_once(head, hidden, targets, config, chunk)
+                took = time.perf_counter() - start
+            finally:
+                head_module._ChunkBuffers = reused
+            outputs[name] = (chosen, hidden.grad.clone())
+            best[name] = min(best[name], took) if round else best[name]
+    if not all(torch.equal(a, b) for a, b in zip(outputs["fresh"], outputs["reused"])):
+        raise AssertionError("reused buffers read other numbers than fresh tensors")
+    table = Table(title=f"float32 buffers, chunk {chunk:,}")
+    for column in ("buffers", "s", "x fresh"):
+        table.add_column(column, justify="right")
+    for name in ("fresh", "reused"):
+        table.add_row(name, f"{best[name]:.3f}", f"{best[name] / best['fresh']:.2f}")
+    table.caption = (f"reused within a call against a fresh tensor per chunk, the same log-probs and gradient "
+                     f"(checked); best of {config.repeats} alternating rounds after a warm-up round")
+    console.print(table)
+    return {"chunk": chunk, "fresh": best["fresh"], "reused": best["reused"]}
 
 
 if __name__ == "__main__":

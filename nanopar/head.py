@@ -11,9 +11,9 @@ vocabulary 0.6 GB each per 1,000 positions. Here the model runs without its head
     backward  per chunk: logits recomputed from h, overwritten in place by their gradient
               g * (onehot - softmax) / T, passed back through the head, freed
 
-so at most one chunk's [c, V] logits exist at a time, forward and backward (with a float32 buffer
-of their size: the exponentials for the entropy, or the copy of bf16 logits); kept in between
-are h [n, d] and the logsumexp [n]. The price is one more head matmul per chunk (the recompute).
+so at most one chunk's [c, V] logits exist at a time, forward and backward (with float32 buffers
+of their size, made at the first chunk and reused: the copy of bf16 logits, the exponentials for
+the entropy); kept in between are h [n, d] and the logsumexp [n]. The price is one more head matmul per chunk (the recompute).
 The head is called as the module it is, so its trainable parameters, whatever they are (the
 embedding it is tied to, peft's TrainableTokensWrapper and its tag rows, a LoRA on the head),
 are inputs of the autograd Function and get their gradients by autograd over each recomputed
@@ -72,14 +72,17 @@ class _HeadLogprobs(torch.autograd.Function):
         chosen = hidden.new_empty(n, dtype=torch.float32)  # [n]
         lse = torch.empty_like(chosen)  # [n] log of the softmax's denominator
         entropy = torch.zeros_like(chosen)  # [n]
+        buffers = _ChunkBuffers(min(chunk, n), vocab_size)
         for start in range(0, n, chunk):
             span = slice(start, start + chunk)
-            scores = policy_scores(head(hidden[span]), temperature, vocab_size)  # [c, V'] float32
+            logits = head(hidden[span])  # [c, V]
+            scores = policy_scores(logits, temperature, vocab_size, out=buffers.get(0, logits))  # [c, V'] float32
+            del logits
             top = scores.amax(-1, keepdim=True)  # [c, 1]
             shifted = scores.sub_(top)  # [c, V'] in place: the logits are not needed again
             picked = shifted.gather(-1, targets[span, None]).squeeze(-1)  # [c]
             if with_entropy:  # -sum p log p = log Z - sum e * shifted / Z, e = exp(shifted), Z = sum e
-                e = shifted.exp()  # [c, V']
+                e = torch.exp(shifted, out=buffers.get(1, shifted))  # [c, V']
                 Z = e.sum(-1)  # [c]
                 entropy[span] = Z.log() - torch.linalg.vecdot(e, shifted) / Z
             else:
@@ -99,6 +102,7 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None  # [n, d]
         grad_params = [None] * len(params)
         cuda = [hidden.device] if hidden.device.type == "cuda" else []
+        buffers = _ChunkBuffers(min(ctx.chunk, hidden.shape[0]), vocab_size)
         with torch.random.fork_rng(devices=cuda):
             _set_rng_state(ctx.rng, hidden.device)
             for start in range(0, hidden.shape[0], ctx.chunk):
@@ -109,7 +113,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 with torch.no_grad():  # d chosen / d logits = (onehot(target) - softmax) / T, on the real vocabulary
                     g = grad_chosen[span, None] / scale  # [c, 1]
                     grad = logits.detach()  # [c, V]: becomes the gradient in place
-                    scores = policy_scores(grad, temperature, vocab_size)  # [c, V'] a view of it or a copy
+                    scores = policy_scores(grad, temperature, vocab_size, out=buffers.get(0, grad))  # [c, V'] it or a copy
                     softmax = scores.sub_(lse[span, None]).exp_()  # [c, V']
                     part = softmax.mul_(-g).scatter_add_(-1, targets[span, None], g)  # [c, V']
                     if part.data_ptr() != grad.data_ptr():  # a copy (another dtype, T != 1): back in
@@ -123,6 +127,22 @@ class _HeadLogprobs(torch.autograd.Function):
                     if value is not None:
                         grad_params[i] = value if grad_params[i] is None else grad_params[i].add_(value)
         return (grad_hidden, None, None, None, None, None, None, *grad_params)
+
+
+class _ChunkBuffers:
+    """Float32 [chunk, V'] buffers made at the first chunk and written by every chunk after it: a
+    fresh [c, V'] tensor per chunk costs its pages' first touch, more than the pass that fills it
+    (bench/head_chunk.py races the two). The numbers are those of fresh tensors."""
+
+    def __init__(self, rows: int, vocab_size: int | None):
+        self.rows, self.vocab_size, self.made = rows, vocab_size, {}
+
+    def get(self, which: int, like: torch.Tensor) -> torch.Tensor:
+        """buffer `which`, cut to `like`'s rows: [c, V'] float32 (V' = the real vocabulary, at most like's)."""
+        if which not in self.made:
+            width = min(self.vocab_size or like.shape[-1], like.shape[-1])
+            self.made[which] = like.new_empty(self.rows, width, dtype=torch.float32)
+        return self.made[which][: like.shape[0]]
 
 
 def _rng_state(device: torch.device):

@@ -61,18 +61,24 @@ def policy_logprobs(logits: torch.Tensor, temperature: float, vocab_size: int | 
     return torch.log_softmax(policy_scores(logits, temperature, vocab_size), dim=-1)
 
 
-def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
+def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """logits / T over the real vocabulary, the policy's log-probs before normalisation; T = 0
     (greedy) reads at T = 1. [..., V] -> [..., vocab_size], float32: a view of `logits` when
-    they are float32 at T = 0 or 1, else a new tensor."""
+    they are float32 at T = 0 or 1, else a new tensor, or `out` (float32, the result's shape) when
+    given: a chunked read writes every chunk into one buffer instead of a fresh one each."""
     if vocab_size is not None and vocab_size < logits.shape[-1]:
         logits = logits[..., :vocab_size]  # (a slice costs a full copy in backward: only when needed)
-    if temperature > 0 and temperature != 1.0 and logits.dtype != torch.float32:
+    scaled = temperature > 0 and temperature != 1.0
+    if out is not None and (scaled or logits.dtype != torch.float32):  # the same numbers as below, no gradient
+        out.copy_(logits)
+        return out.div_(temperature) if scaled else out
+    if scaled and logits.dtype != torch.float32:
         # bf16/fp16: the float32 copy is new, so divide it in place; `logits.float() / T` gives the same numbers
         # through a second [..., V] tensor, which costs more than the division (bench/policy_scores.py)
         return logits.float().div_(temperature)
     logits = logits.float()  # float32 already: a view, not a copy
-    if temperature > 0 and temperature != 1.0:
+    if scaled:
         logits = logits / temperature
     return logits
 

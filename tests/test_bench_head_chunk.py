@@ -29,4 +29,30 @@ def test_each_chunk_size_reads_what_the_full_logits_give():
 def test_the_benchmark_reports_every_chunk_size():
     rows = bench.main(["--positions", "16", "--hidden", "8", "--vocab", "64", "--real-vocab", "60",
                        "--chunks", "8", "3", "--repeats", "1"])
-    assert [r["chunk"] for r in rows] == [8, 3] and all(r["seconds"] > 0 for r in rows)
+    assert [r["chunk"] for r in rows[:2]] == [8, 3] and all(r["seconds"] > 0 for r in rows[:2])
+    assert rows[2]["chunk"] == 8 and rows[2]["fresh"] > 0 and rows[2]["reused"] > 0  # the buffers' race, checked equal
+
+
+def test_reused_buffers_read_what_fresh_tensors_read():
+    """The chunked read writes every chunk into buffers made at the first: the log-probs, the entropy
+    and the gradient are bit for bit those of a fresh tensor per chunk, in bf16 at T = 0.7 and in
+    float32 at T = 1, with a last chunk shorter than the others."""
+    from nanopar import head as head_module
+    from nanopar.head import head_logprobs
+    for dtype, temperature in ((torch.bfloat16, 0.7), (torch.float32, 1.0), (torch.float32, 0.5)):
+        torch.manual_seed(0)
+        head = torch.nn.Linear(8, 40, bias=False, dtype=dtype).requires_grad_(False)
+        hidden = torch.randn(13, 8, dtype=dtype, requires_grad=True)
+        targets = torch.randint(0, 37, (13,))
+        read = {}
+        for kind in (bench.FreshBuffers, head_module._ChunkBuffers):
+            saved, head_module._ChunkBuffers = head_module._ChunkBuffers, kind
+            try:
+                hidden.grad = None
+                chosen, entropy = head_logprobs(hidden, targets, head, temperature, 37, with_entropy=True, chunk=4)
+                (chosen * torch.arange(13)).sum().backward()
+            finally:
+                head_module._ChunkBuffers = saved
+            read[kind] = (chosen.detach(), entropy, hidden.grad.clone())
+        fresh, reused = read.values()
+        assert all(torch.equal(a, b) for a, b in zip(fresh, reused)), (dtype, temperature)
