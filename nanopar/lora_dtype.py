@@ -59,19 +59,20 @@ class BaseDtypeLora:
             return super().forward(x, *args, **kwargs)
         for key in ("adapter_names", *VARIANT_KWARG_KEYS):  # peft's own arguments, not the base layer's
             kwargs.pop(key, None)
-        result = self.base_layer(x, *args, **kwargs)  # [..., out] in the base's dtype
+        rows = x.reshape(-1, x.shape[-1])  # [n, in]: the base's output is made 2-D, not viewed as 2-D
+        flat = self.base_layer(rows, *args, **kwargs)  # [n, out] in the base's dtype
         if self.copy_base_output:  # a view made inside bitsandbytes' autograd Function: autograd forbids
-            result = result.clone()  # writing it in place (peft's 4-bit forward copies it too)
-        flat = result.view(-1, result.shape[-1])  # [n, out]
+            flat = flat.clone()  # writing it in place (peft's 4-bit forward copies it too)
         for name in self.active_adapters:
             if name not in self.lora_A:
                 continue
-            A, B = self.adapter_in(name, result.dtype)  # [r, in], [out, r] scaled
-            down = F.linear(self.lora_dropout[name](x.to(result.dtype)), A)  # [..., r]
+            A, B = self.adapter_in(name, flat.dtype)  # [r, in], [out, r] scaled
+            down = F.linear(self.lora_dropout[name](rows.to(flat.dtype)), A)  # [n, r]
             # in place: the base's output is fresh and its backward does not keep it (addmm's copy
-            # of an [n, out] input would cost as much as the update itself)
-            flat.addmm_(down.reshape(-1, down.shape[-1]), B.t())  # [n, out] += down B^T
-        return result
+            # of an [n, out] input would cost as much as the update itself); on a view of a
+            # [..., out] output autograd would copy the gradient twice in backward (CopySlices)
+            flat.addmm_(down, B.t())  # [n, out] += down B^T
+        return flat.view(*x.shape[:-1], flat.shape[-1])  # [..., out]
 
     def adapter_in(self, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(A [r, in], s B [out, r]) in `dtype`: cast now, or once per `casts_kept` scope where no
