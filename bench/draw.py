@@ -10,7 +10,11 @@ float32; `draw_in_place` turns one float32 buffer into exp(scores - max) in plac
 unnormalised. Here both draw from the same random logits (bfloat16, as a bf16 model's head writes
 them; a few banned ids, as the structural bans set) with the same generator, at T = 0.7: the
 median of `repeats` alternating calls each, their ratio, whether they drew the same tokens, and
-each one's largest log-prob error against a float64 log-softmax of the same logits.
+each one's largest log-prob error against a float64 log-softmax of the same logits. A second
+table races the draw's last part alone, `sample_categorical` on the in-place draw's weights: the
+inverse CDF in two levels (a sum per block of CDF_BLOCK ids, then a cumulative sum inside one
+block: the library's from TWO_LEVELS_FROM_BLOCKS blocks) against one cumulative sum of the whole
+row (`block=None`, the draw before), the same generator, whether they drew the same ids.
 Not here: the model's forward (bench/qwen.py times whole decode steps), top-k / top-p (the plain
 draw serves them).
 """
@@ -27,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nanopar.config import parse_config
-from nanopar.policy import draw_in_place, plain_draw
+from nanopar.policy import draw_in_place, plain_draw, policy_scores, sample_categorical
 
 
 @dataclass
@@ -61,7 +65,19 @@ def measure(lanes: int, config: DrawConfig) -> dict:
             fn(*args, banned=banned)
             times[name].append(time.perf_counter() - start)
     plain, in_place = (1e3 * statistics.median(times[name]) for name in draws)
+    scores = policy_scores(logits, config.temperature, config.real_vocab)  # [N, V'] the in-place draw's weights:
+    weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_().masked_fill_(banned[:, : scores.shape[-1]], 0.0)
+    levels = {"one": None, "two": sample_categorical.__defaults__[-1]}  # block=None: one cumulative sum
+    ids = {name: sample_categorical(weights, torch.Generator().manual_seed(1), block) for name, block in levels.items()}
+    cdf_times = {name: [] for name in levels}
+    for _ in range(config.repeats):
+        for name, block in levels.items():
+            start = time.perf_counter()
+            sample_categorical(weights, torch.Generator().manual_seed(1), block)
+            cdf_times[name].append(time.perf_counter() - start)
+    one, two = (1e3 * statistics.median(cdf_times[name]) for name in levels)
     return {"lanes": lanes, "plain_ms": plain, "in_place_ms": in_place, "ratio": in_place / plain,
+            "cdf_one_ms": one, "cdf_two_ms": two, "cdf_same_ids": bool(torch.equal(ids["one"], ids["two"])),
             "same_tokens": bool(torch.equal(drawn["plain"][0], drawn["in place"][0])),
             "plain_error": errors(logits, *drawn["plain"], config),
             "in_place_error": errors(logits, *drawn["in place"], config)}
@@ -82,6 +98,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     table.caption = (f"median of {config.repeats} alternating calls after a warm-up; error = largest |log-prob - "
                      f"float64 log-softmax| over the drawn tokens")
     console.print(table)
+    cdf = Table(title=f"its inverse CDF alone: \\[lanes, {config.real_vocab:,}] weights, one draw a lane")
+    for column in ("lanes", "one cumulative sum ms", "two levels ms", "x one", "same ids"):
+        cdf.add_column(column, justify="right")
+    for r in rows:
+        cdf.add_row(str(r["lanes"]), f"{r['cdf_one_ms']:.2f}", f"{r['cdf_two_ms']:.2f}",
+                    f"{r['cdf_two_ms'] / r['cdf_one_ms']:.2f}", "yes" if r["cdf_same_ids"] else "no")
+    cdf.caption = f"median of {config.repeats} alternating calls; the same generator seed for both"
+    console.print(cdf)
     console.print(f"load average after: {os.getloadavg()[0]:.2f}")
     return rows
 

@@ -165,14 +165,47 @@ def draw_in_place(
     return tokens, (chosen - top - Z.log()).squeeze(-1)
 
 
-def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+# `sample_categorical` inverts the CDF in two levels from this many blocks of CDF_BLOCK ids a row: a
+# cumulative sum of a whole [N, V] row costs a pass and a new [N, V] tensor, at Qwen's 151,936 ids
+# most of the draw (bench/draw.py); below it (the toy, the tests' tiny models) one cumulative sum
+CDF_BLOCK = 1024
+TWO_LEVELS_FROM_BLOCKS = 8
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
+                       block: int | None = CDF_BLOCK) -> torch.Tensor:
     """One draw per row by inverting the CDF: [N, V] probabilities (or weights proportional to them) -> [N] ids.
 
     The same distribution as `torch.multinomial(probs, 1)`, which on a CPU draws a random number
     per vocabulary entry (151,936 per row per step for Qwen: most of a real-vocabulary sampler
-    call, docs/measurements.md); this draws one per row. `right=True` never lands on a
-    zero-probability id.
+    call, docs/measurements.md); this draws one per row and never lands on a zero-probability id.
+    A row of at least TWO_LEVELS_FROM_BLOCKS blocks of `block` ids is inverted in two levels: the
+    block whose mass holds the random number (one sum per block), then the id inside that block
+    (a cumulative sum of `block` ids): the id one cumulative sum of the row finds, up to the float
+    rounding of the sums. `block=None`: always the one cumulative sum.
     """
-    cdf = probs.cumsum(-1)  # [N, V]
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]  # [N, 1]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    N, V = probs.shape
+    u = torch.rand(N, 1, generator=generator, device=probs.device)  # [N, 1] in [0, 1)
+    if block is None or V < TWO_LEVELS_FROM_BLOCKS * block:
+        cdf = probs.cumsum(-1)  # [N, V]
+        return _first_above(cdf, u * cdf[:, -1:])
+    whole = V // block * block
+    mass = probs[:, :whole].view(N, -1, block).sum(-1)  # [N, nb] each block's mass
+    if whole < V:
+        mass = torch.cat([mass, probs[:, whole:].sum(-1, keepdim=True)], -1)  # the short last block
+    block_cdf = mass.cumsum(-1)  # [N, nb]
+    target = u * block_cdf[:, -1:]  # [N, 1]
+    chosen = _first_above(block_cdf, target)  # [N] the block holding it
+    start = chosen * block  # [N] its first id
+    ids = start[:, None] + torch.arange(block, device=probs.device)  # [N, block]
+    inside = probs.gather(-1, ids.clamp(max=V - 1)).masked_fill(ids >= V, 0.0)  # [N, block]
+    rest = target - (block_cdf - mass).gather(-1, chosen[:, None])  # [N, 1] less the mass before the block
+    return start + _first_above(inside.cumsum(-1), rest)
+
+
+def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """cdf [N, K] nondecreasing, target [N, 1] -> [N] the first k with cdf[k] > target, the target
+    held inside [0, the row's total): rounding may put it on either edge, and an id found past
+    the last positive entry, or before the first, would have probability 0."""
+    inside = torch.minimum(target.clamp(min=0.0), cdf[:, -1:].nextafter(torch.zeros_like(target)))
+    return torch.searchsorted(cdf, inside, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)

@@ -14,4 +14,5 @@ def test_the_benchmark_times_both_draws_and_measures_their_error():
     assert [r["lanes"] for r in rows] == [3, 5]
     for r in rows:
         assert r["same_tokens"] and r["plain_ms"] > 0 and r["in_place_ms"] > 0
+        assert r["cdf_same_ids"] and r["cdf_one_ms"] > 0 and r["cdf_two_ms"] > 0
         assert 0 <= r["in_place_error"] < 1e-5 and 0 <= r["plain_error"] < 1e-4

@@ -54,6 +54,43 @@ def test_inverse_cdf_draws_follow_the_distribution_and_skip_zero_probabilities()
     assert torch.allclose(counts[[1, 3, 4]], torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
 
 
+def test_two_level_inverse_cdf_follows_the_distribution_and_skips_zero_probabilities():
+    """A row of 20 blocks of 1,024 ids and a short last one (20,500 ids): mass in four blocks, on a
+    block's first id and on the id before the next block, whole blocks of zero between; 40,000
+    two-level draws land on the positive ids only, at their probabilities."""
+    from nanopar.policy import CDF_BLOCK, TWO_LEVELS_FROM_BLOCKS, sample_categorical
+
+    V = 20 * CDF_BLOCK + 20
+    assert V >= TWO_LEVELS_FROM_BLOCKS * CDF_BLOCK  # the two-level path
+    support = torch.tensor([3 * CDF_BLOCK, 4 * CDF_BLOCK - 1, 4 * CDF_BLOCK, 11 * CDF_BLOCK + 7, V - 1])
+    mass = torch.tensor([0.3, 0.1, 0.25, 0.15, 0.2])
+    probs = torch.zeros(V).index_put_((support,), mass).expand(40000, V)
+    tokens = sample_categorical(probs * 7.0, torch.Generator().manual_seed(2))  # weights, not normalised
+    assert set(tokens.tolist()) <= set(support.tolist())
+    counts = torch.stack([(tokens == i).double().mean() for i in support])
+    assert ((counts - mass).abs() <= 4 * (mass * (1 - mass) / len(tokens)).sqrt()).all(), counts
+
+
+def test_two_level_inverse_cdf_draws_what_one_cumulative_sum_draws():
+    """The same random numbers give the same ids through two levels as through one cumulative sum
+    of the whole row, on 512 rows of a real vocabulary's softmax (8,990 ids: 9 blocks, a short last)."""
+    from nanopar.policy import sample_categorical
+
+    probs = torch.softmax(real_vocab_logits(512, torch.float32)[:, :8990] / 0.7, -1)
+    one = sample_categorical(probs, torch.Generator().manual_seed(4), block=None)
+    two = sample_categorical(probs, torch.Generator().manual_seed(4))
+    assert torch.equal(one, two) and (two >= 1024).sum() >= 20  # ids past the first block too
+
+
+def test_the_inverse_cdf_holds_a_rounded_target_inside_the_positive_ids():
+    """A target rounded onto the total, or below 0, still finds an id of positive probability."""
+    from nanopar.policy import _first_above
+
+    cdf = torch.tensor([[0.0, 0.5, 0.5, 1.0, 1.0]]).repeat(3, 1)  # ids 1 and 3 hold the mass
+    found = _first_above(cdf, torch.tensor([[1.0], [-1e-9], [0.5]]))
+    assert found.tolist() == [3, 1, 3]
+
+
 def test_path_stride_is_part_of_the_policy_and_must_not_be_negative(qwen_tokenizer):
     assert Policy(TAGS).path_stride == 0  # by default paths share positions (Multiverse's, NPR's, Parallel-R1's released code)
     assert Policy.for_tokenizer(qwen_tokenizer, "structured", 1.0, 258).path_stride == 258
