@@ -98,13 +98,14 @@ def draw(
     top_p: float = 1.0,  # keep the smallest set with this much probability (1.0 = all)
     banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
     generator: torch.Generator | None = None,
+    out: torch.Tensor | None = None,  # float32 [N, V'] the in-place draw may write into (a sampler keeps one)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row: `plain_draw`, or from DRAW_IN_PLACE_FROM_VOCAB rows at T > 0 without
     top-k or top-p `draw_in_place` (the same distribution in fewer passes).
     -> (tokens [N] long, their policy log-probs [N])"""
     rows = vocab_size or logits.shape[-1]
     if temperature > 0 and not 0 < top_k < rows and top_p >= 1.0 and rows >= DRAW_IN_PLACE_FROM_VOCAB:
-        return draw_in_place(logits, temperature, vocab_size, banned, generator)
+        return draw_in_place(logits, temperature, vocab_size, banned, generator, out)
     return plain_draw(logits, temperature, vocab_size, top_k, top_p, banned, generator)
 
 
@@ -146,15 +147,18 @@ def draw_in_place(
     vocab_size: int | None,  # ids >= vocab_size are never drawn
     banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
     generator: torch.Generator | None = None,
+    out: torch.Tensor | None = None,  # float32 [N, V'] to write the buffer into (None: a new one)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`draw` at T > 0 without top-k or top-p, in fewer passes over [N, V]: the same distribution
     and log-probs up to float rounding. The plain draw builds the log-softmax, a masked copy and a
     softmax; here one float32 buffer is turned in place into exp(scores - max), which
     `sample_categorical` draws from unnormalised, and the drawn token's log-prob is its score
-    - max - log Z, as head.py's training read computes it. -> (tokens [N] long, log-probs [N])"""
-    scores = policy_scores(logits, temperature, vocab_size)  # [N, V'] float32
+    - max - log Z, as head.py's training read computes it. A buffer kept from step to step (`out`)
+    spares each step the first touch of a new one's pages (bench/draw.py).
+    -> (tokens [N] long, log-probs [N])"""
+    scores = policy_scores(logits, temperature, vocab_size, out=out)  # [N, V'] float32
     if scores.data_ptr() == logits.data_ptr():  # float32 logits at T = 1: a view, and the passes below write
-        scores = scores.clone()
+        scores = scores.clone() if out is None else out.copy_(scores)
     top = scores.amax(-1, keepdim=True)  # [N, 1]
     weights = scores.sub_(top).exp_()  # [N, V'] the policy's probabilities times Z
     Z = weights.sum(-1, keepdim=True)  # [N, 1] over the whole policy: a banned token still counts

@@ -233,6 +233,7 @@ class _Decoder:
         self.dtype = mask_dtype(model)
         self.window = sliding_window(model)  # a sliding window (Gemma-3): masks by layer type
         self.structured = policy.mode == "structured"  # fork and merge; causal decodes plainly
+        self.draw_buffer: torch.Tensor | None = None  # float32 [lanes, V'] every step's draw writes (`scores_buffer`)
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
@@ -242,7 +243,7 @@ class _Decoder:
             # the trainer's policy, nothing more: no repetition penalty (NPR's engine puts 1.02 on its step
             # branches; the recorded log-probs must be those GRPO's ratio reads, docs/recipes.md)
             tokens, logprobs = draw(logits, policy.temperature, policy.vocab_size, settings.top_k, settings.top_p,
-                                    self.banned(lanes, logits), self.generator)  # [N], [N]
+                                    self.banned(lanes, logits), self.generator, self.scores_buffer(logits))
             drawn, chosen = tokens.tolist(), logprobs.tolist()
             kept: list[tuple[int, _Lane]] = []  # (the cache row it keeps, the lane), for lanes that go on
             merged: list[tuple[Piece, _Lane]] = []  # (its new cache row, the lane), for blocks merged now
@@ -417,6 +418,15 @@ class _Decoder:
         if response.plans >= self.settings.paths:
             return [self.tags.plan_open]
         return [self.tags.plans_close] if response.plans == 0 else []
+
+    def scores_buffer(self, logits: torch.Tensor) -> torch.Tensor:
+        """The float32 [N, V'] buffer this step's draw may write its scores into: one for the call,
+        grown when the lanes outnumber its rows. A new [N, V'] tensor each step costs the first touch
+        of its pages, more than the passes that fill it at a real vocabulary (bench/draw.py)."""
+        width = min(self.policy.vocab_size or logits.shape[-1], logits.shape[-1])
+        if self.draw_buffer is None or self.draw_buffer.shape[0] < logits.shape[0]:
+            self.draw_buffer = logits.new_empty(logits.shape[0], width, dtype=torch.float32)
+        return self.draw_buffer[: logits.shape[0]]
 
     # --- budgets ------------------------------------------------------------------------------
     def banned(self, lanes: list[_Lane], logits: torch.Tensor) -> torch.Tensor | None:

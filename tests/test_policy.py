@@ -147,6 +147,19 @@ def test_the_in_place_draw_is_the_plain_draw_at_a_real_vocabulary(dtype, tempera
     assert (logprobs.double() - exact).abs().max() <= (plain_logprobs.double() - exact).abs().max() + 1e-7
 
 
+@pytest.mark.parametrize("dtype, temperature", [(torch.bfloat16, 0.7), (torch.float32, 1.0), (torch.float32, 0.6)])
+def test_the_in_place_draw_into_a_kept_buffer_is_the_draw_into_a_new_one(dtype, temperature):
+    """A sampler hands each step's draw the rows it needs of one float32 buffer: the same tokens and
+    log-probs, bit for bit, as a new tensor, whatever the buffer held before (here: another step's
+    scores, and NaNs), in bf16 and float32, at T = 1 (where the scores are a view of the logits)."""
+    logits = real_vocab_logits(40, dtype)
+    kept = torch.full((64, 8990), float("nan"))
+    for step, rows in enumerate((40, 17)):
+        fresh = draw(logits[:rows], temperature, 8990, generator=torch.Generator().manual_seed(step))
+        into = draw(logits[:rows], temperature, 8990, generator=torch.Generator().manual_seed(step), out=kept[:rows])
+        assert all(torch.equal(a, b) for a, b in zip(fresh, into)), (step, rows)
+
+
 def test_the_in_place_draw_follows_the_distribution():
     """Frequencies of 8,000 in-place draws against the policy's probabilities of ids 0-3."""
     logits = real_vocab_logits(1, torch.float32, seed=1).expand(8000, -1)
