@@ -13,7 +13,8 @@ vocabulary 0.6 GB each per 1,000 positions. Here the model runs without its head
 
 so at most one chunk's [c, V] logits exist at a time, forward and backward (with float32 buffers
 of their size, made at the first chunk and reused: the copy of bf16 logits, the exponentials for
-the entropy); kept in between are h [n, d] and the logsumexp [n]. The price is one more head matmul per chunk (the recompute).
+the entropy); kept in between are h [n, d] and the logsumexp [n]. The price is one more head
+matmul per chunk (the recompute).
 The head is called as the module it is, so its trainable parameters, whatever they are (the
 embedding it is tied to, peft's TrainableTokensWrapper and its tag rows, a LoRA on the head),
 are inputs of the autograd Function and get their gradients by autograd over each recomputed

@@ -103,10 +103,15 @@ def draw(
     """Draw one token per row: `plain_draw`, or from DRAW_IN_PLACE_FROM_VOCAB rows at T > 0 without
     top-k or top-p `draw_in_place` (the same distribution in fewer passes).
     -> (tokens [N] long, their policy log-probs [N])"""
-    rows = vocab_size or logits.shape[-1]
-    if temperature > 0 and not 0 < top_k < rows and top_p >= 1.0 and rows >= DRAW_IN_PLACE_FROM_VOCAB:
+    if draws_in_place(temperature, vocab_size or logits.shape[-1], top_k, top_p):
         return draw_in_place(logits, temperature, vocab_size, banned, generator, out)
     return plain_draw(logits, temperature, vocab_size, top_k, top_p, banned, generator)
+
+
+def draws_in_place(temperature: float, rows: int, top_k: int = 0, top_p: float = 1.0) -> bool:
+    """Whether `draw` takes `draw_in_place` over `rows` vocabulary rows: T > 0, no top-k or top-p,
+    from DRAW_IN_PLACE_FROM_VOCAB rows."""
+    return temperature > 0 and not 0 < top_k < rows and top_p >= 1.0 and rows >= DRAW_IN_PLACE_FROM_VOCAB
 
 
 def plain_draw(

@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
-from .policy import Policy, draw
+from .policy import Policy, draw, draws_in_place
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
 
@@ -419,11 +419,15 @@ class _Decoder:
             return [self.tags.plan_open]
         return [self.tags.plans_close] if response.plans == 0 else []
 
-    def scores_buffer(self, logits: torch.Tensor) -> torch.Tensor:
-        """The float32 [N, V'] buffer this step's draw may write its scores into: one for the call,
-        grown when the lanes outnumber its rows. A new [N, V'] tensor each step costs the first touch
-        of its pages, more than the passes that fill it at a real vocabulary (bench/draw.py)."""
-        width = min(self.policy.vocab_size or logits.shape[-1], logits.shape[-1])
+    def scores_buffer(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The float32 [N, V'] buffer this step's in-place draw writes its scores into (None where the
+        plain draw runs): one for the call, grown when the lanes outnumber its rows. A new [N, V']
+        tensor each step costs the first touch of its pages, more than the passes that fill it at a
+        real vocabulary (bench/draw.py)."""
+        rows = self.policy.vocab_size or logits.shape[-1]
+        if not draws_in_place(self.policy.temperature, rows, self.settings.top_k, self.settings.top_p):
+            return None
+        width = min(rows, logits.shape[-1])
         if self.draw_buffer is None or self.draw_buffer.shape[0] < logits.shape[0]:
             self.draw_buffer = logits.new_empty(logits.shape[0], width, dtype=torch.float32)
         return self.draw_buffer[: logits.shape[0]]
