@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from . import NanoparError
-from .policy import policy_scores
+from .policy import policy_scores, scores_are_a_view
 
 CHUNK_BYTES = 128 * 2**20  # float32 logits per chunk by default: ~220 positions on Qwen's 151,936 rows
 
@@ -77,7 +77,7 @@ class _HeadLogprobs(torch.autograd.Function):
         for start in range(0, n, chunk):
             span = slice(start, start + chunk)
             logits = head(hidden[span])  # [c, V]
-            scores = policy_scores(logits, temperature, vocab_size, out=buffers.get(0, logits))  # [c, V'] float32
+            scores = policy_scores(logits, temperature, vocab_size, out=buffers.scores(logits, temperature))  # [c, V']
             del logits
             top = scores.amax(-1, keepdim=True)  # [c, 1]
             shifted = scores.sub_(top)  # [c, V'] in place: the logits are not needed again
@@ -114,7 +114,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 with torch.no_grad():  # d chosen / d logits = (onehot(target) - softmax) / T, on the real vocabulary
                     g = grad_chosen[span, None] / scale  # [c, 1]
                     grad = logits.detach()  # [c, V]: becomes the gradient in place
-                    scores = policy_scores(grad, temperature, vocab_size, out=buffers.get(0, grad))  # [c, V'] it or a copy
+                    scores = policy_scores(grad, temperature, vocab_size, out=buffers.scores(grad, temperature))  # [c, V']
                     softmax = scores.sub_(lse[span, None]).exp_()  # [c, V']
                     part = softmax.mul_(-g).scatter_add_(-1, targets[span, None], g)  # [c, V']
                     if part.data_ptr() != grad.data_ptr():  # a copy (another dtype, T != 1): back in
@@ -144,6 +144,10 @@ class _ChunkBuffers:
             width = min(self.vocab_size or like.shape[-1], like.shape[-1])
             self.made[which] = like.new_empty(self.rows, width, dtype=torch.float32)
         return self.made[which][: like.shape[0]]
+
+    def scores(self, logits: torch.Tensor, temperature: float) -> torch.Tensor | None:
+        """buffer 0 for `policy_scores` to write the chunk's scores into; None where it returns a view."""
+        return None if scores_are_a_view(logits, temperature) else self.get(0, logits)
 
 
 def _rng_state(device: torch.device):

@@ -70,7 +70,7 @@ def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | No
     if vocab_size is not None and vocab_size < logits.shape[-1]:
         logits = logits[..., :vocab_size]  # (a slice costs a full copy in backward: only when needed)
     scaled = temperature > 0 and temperature != 1.0
-    if out is not None and (scaled or logits.dtype != torch.float32):  # the same numbers as below, no gradient
+    if out is not None and not scores_are_a_view(logits, temperature):  # the same numbers as below, no gradient
         out.copy_(logits)
         return out.div_(temperature) if scaled else out
     if scaled and logits.dtype != torch.float32:
@@ -81,6 +81,11 @@ def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | No
     if scaled:
         logits = logits / temperature
     return logits
+
+
+def scores_are_a_view(logits: torch.Tensor, temperature: float) -> bool:
+    """Whether `policy_scores` returns a view of `logits` (float32 at T = 0 or 1), writing no new tensor."""
+    return logits.dtype == torch.float32 and not (temperature > 0 and temperature != 1.0)
 
 
 # `draw` takes `draw_in_place` from this many vocabulary rows: there its float32 passes over [N, V]
@@ -199,7 +204,7 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
         cdf = probs.cumsum(-1)  # [N, V]
         return _first_above(cdf, u * cdf[:, -1:])
     whole = V // block * block
-    mass = probs[:, :whole].view(N, -1, block).sum(-1)  # [N, nb] each block's mass
+    mass = probs[:, :whole].view(N, whole // block, block).sum(-1)  # [N, nb] each block's mass
     if whole < V:
         mass = torch.cat([mass, probs[:, whole:].sum(-1, keepdim=True)], -1)  # the short last block
     block_cdf = mass.cumsum(-1)  # [N, nb]
@@ -209,7 +214,7 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     ids = start[:, None] + torch.arange(block, device=probs.device)  # [N, block]
     inside = probs.gather(-1, ids.clamp(max=V - 1)).masked_fill(ids >= V, 0.0)  # [N, block]
     rest = target - (block_cdf - mass).gather(-1, chosen[:, None])  # [N, 1] less the mass before the block
-    return start + _first_above(inside.cumsum(-1), rest)
+    return (start + _first_above(inside.cumsum(-1), rest)).clamp(max=V - 1)  # a row of no mass: its last id, as one sum
 
 
 def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -420,16 +420,18 @@ class _Decoder:
         return [self.tags.plans_close] if response.plans == 0 else []
 
     def scores_buffer(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """The float32 [N, V'] buffer this step's in-place draw writes its scores into (None where the
-        plain draw runs): one for the call, grown when the lanes outnumber its rows. A new [N, V']
-        tensor each step costs the first touch of its pages, more than the passes that fill it at a
-        real vocabulary (bench/draw.py)."""
+        """The float32 [N, V'] buffer this step's in-place draw writes its scores into: one for the
+        call, doubled when the lanes outgrow it. On a CPU a new [N, V'] tensor each step costs the
+        first touch of its pages, more than the passes that fill it at a real vocabulary
+        (bench/draw.py), and rows never written cost no memory. None where the plain draw runs, and
+        on a GPU, whose caching allocator reuses the step's tensor for the model's activations."""
         rows = self.policy.vocab_size or logits.shape[-1]
-        if not draws_in_place(self.policy.temperature, rows, self.settings.top_k, self.settings.top_p):
+        if logits.device.type != "cpu" or not draws_in_place(self.policy.temperature, rows, self.settings.top_k,
+                                                              self.settings.top_p):
             return None
-        width = min(rows, logits.shape[-1])
         if self.draw_buffer is None or self.draw_buffer.shape[0] < logits.shape[0]:
-            self.draw_buffer = logits.new_empty(logits.shape[0], width, dtype=torch.float32)
+            lanes = max(logits.shape[0], 2 * (0 if self.draw_buffer is None else self.draw_buffer.shape[0]))
+            self.draw_buffer = logits.new_empty(lanes, min(rows, logits.shape[-1]), dtype=torch.float32)
         return self.draw_buffer[: logits.shape[0]]
 
     # --- budgets ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import draw as bench  # noqa: E402
 
 
 def test_the_benchmark_times_both_draws_and_measures_their_error():
-    rows = bench.main(["--lanes", "3", "5", "--vocab", "300", "--real-vocab", "290", "--repeats", "1"])
+    rows = bench.main(["--lanes", "3", "5", "--vocab", "9000", "--real-vocab", "8990", "--repeats", "1"])  # two levels
     assert [r["lanes"] for r in rows] == [3, 5]
     for r in rows:
         assert r["same_tokens"] and r["plain_ms"] > 0 and r["in_place_ms"] > 0

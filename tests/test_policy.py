@@ -64,8 +64,8 @@ def test_two_level_inverse_cdf_follows_the_distribution_and_skips_zero_probabili
     assert V >= TWO_LEVELS_FROM_BLOCKS * CDF_BLOCK  # the two-level path
     support = torch.tensor([3 * CDF_BLOCK, 4 * CDF_BLOCK - 1, 4 * CDF_BLOCK, 11 * CDF_BLOCK + 7, V - 1])
     mass = torch.tensor([0.3, 0.1, 0.25, 0.15, 0.2])
-    probs = torch.zeros(V).index_put_((support,), mass).expand(40000, V)
-    tokens = sample_categorical(probs * 7.0, torch.Generator().manual_seed(2))  # weights, not normalised
+    weights = (7.0 * torch.zeros(V).index_put_((support,), mass)).expand(40000, V)  # not normalised
+    tokens = sample_categorical(weights, torch.Generator().manual_seed(2))
     assert set(tokens.tolist()) <= set(support.tolist())
     counts = torch.stack([(tokens == i).double().mean() for i in support])
     assert ((counts - mass).abs() <= 4 * (mass * (1 - mass) / len(tokens)).sqrt()).all(), counts
@@ -80,6 +80,17 @@ def test_two_level_inverse_cdf_draws_what_one_cumulative_sum_draws():
     one = sample_categorical(probs, torch.Generator().manual_seed(4), block=None)
     two = sample_categorical(probs, torch.Generator().manual_seed(4))
     assert torch.equal(one, two) and (two >= 1024).sum() >= 20  # ids past the first block too
+
+
+def test_two_level_inverse_cdf_edge_rows():
+    """No rows draw nothing; a row with no mass left (its one likely id banned, the rest underflowed)
+    draws its last id, as one cumulative sum does, never an id past the vocabulary."""
+    from nanopar.policy import sample_categorical
+
+    assert sample_categorical(torch.zeros(0, 8990)).shape == (0,)
+    empty = torch.zeros(2, 8212)  # a short last block of 20 ids
+    for block in (None, 1024):
+        assert sample_categorical(empty, torch.Generator().manual_seed(0), block).tolist() == [8211, 8211]
 
 
 def test_the_inverse_cdf_holds_a_rounded_target_inside_the_positive_ids():
@@ -158,6 +169,7 @@ def test_the_in_place_draw_into_a_kept_buffer_is_the_draw_into_a_new_one(dtype, 
         fresh = draw(logits[:rows], temperature, 8990, generator=torch.Generator().manual_seed(step))
         into = draw(logits[:rows], temperature, 8990, generator=torch.Generator().manual_seed(step), out=kept[:rows])
         assert all(torch.equal(a, b) for a, b in zip(fresh, into)), (step, rows)
+        assert not kept[:rows].isnan().any()  # the draw wrote there
 
 
 def test_the_in_place_draw_follows_the_distribution():

@@ -246,6 +246,35 @@ def test_greedy_output_does_not_depend_on_the_batch():
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-5
 
 
+def test_the_kept_draw_buffer_samples_what_new_tensors_sample(monkeypatch):
+    """At a real vocabulary (9,000 ids: the in-place draw, two-level inverse CDF) the sampler's draw
+    buffer, kept for the call and grown as forks add lanes, gives the tokens and log-probs that a new
+    tensor each step gives, bit for bit."""
+    from nanopar import sampler as sampler_module
+
+    vocab = 9000
+    tags = TagIds(*range(vocab - 6, vocab))
+    model = tiny_qwen_model(arch="qwen3", vocab_size=vocab, seed=0)
+    bias_logits(model, {**dict.fromkeys(tags.all(), 4.0), EOS: 1.0})
+    policy, settings = Policy(tags), SamplerSettings(max_new_tokens=40, max_path_tokens=10, paths=3, seed=0)
+    grown = []
+    kept_buffer = sampler_module._Decoder.scores_buffer
+
+    def watched(self, logits):
+        buffer = kept_buffer(self, logits)
+        grown.append(buffer.untyped_storage().data_ptr())
+        return buffer
+
+    monkeypatch.setattr(sampler_module._Decoder, "scores_buffer", watched)
+    kept = sample(model, PROMPTS, policy, settings, eos_ids=[EOS], samples_per_prompt=2)
+    monkeypatch.setattr(sampler_module._Decoder, "scores_buffer", lambda self, logits: None)
+    fresh = sample(model, PROMPTS, policy, settings, eos_ids=[EOS], samples_per_prompt=2)
+    assert sum(r.stats.forks for r in kept) > 0 and len(set(grown)) > 1  # forks grew the buffer
+    assert len(set(grown)) < len(grown) / 4  # and most steps reused it
+    assert [r.ids for r in kept] == [r.ids for r in fresh]
+    assert [r.logprobs for r in kept] == [r.logprobs for r in fresh]
+
+
 def test_bad_settings_are_clear_errors():
     model = tiny_qwen_model(vocab_size=V)
     with pytest.raises(Exception, match="paths per block must be between 2 and 8, got 9"):
