@@ -19,6 +19,17 @@ The head is called as the module it is, so its trainable parameters, whatever th
 embedding it is tied to, peft's TrainableTokensWrapper and its tag rows, a LoRA on the head),
 are inputs of the autograd Function and get their gradients by autograd over each recomputed
 chunk; the random state is replayed, so a head with dropout draws the same masks again.
+
+The head `load_model` builds (a frozen linear head, its tag rows trainable, `tag_rows.py`) takes
+a shorter road: a log-prob's gradient is its incoming number times a slope known in the forward,
+
+    d chosen / d h     = (onehot(target) - softmax) / T  @ W'   [c, d]  (W': the weight, tag rows swapped in)
+    d chosen / d rows  = (onehot(target) - softmax)[tags] / T  x h   ([c, k] kept, times h in backward)
+
+so the forward multiplies each chunk's (onehot - softmax) by the weight, the matmul the backward
+would have made, and keeps the slopes ([n, d] and [n, k], float32); the backward only scales them.
+No recompute: two head matmuls per chunk instead of three (bench/head_chunk.py races the two
+roads). Any other head (a bias, a LoRA on it, dropout, several adapters) takes the recompute.
 The policy is `policy.policy_scores`'s: logits / T over the real vocabulary, T = 0 read at 1.
 
 Not here: the layout, the batch and the plain read (forward.py), losses. Not covered: models whose forward does
@@ -28,9 +39,11 @@ more to the logits than the head (Gemma's softcapping: refused), peft's prompt-l
 from __future__ import annotations
 
 import torch
+from peft.utils.other import TrainableTokensWrapper
 
 from . import NanoparError
 from .policy import policy_scores, scores_are_a_view
+from .tag_rows import RowwiseTagRows
 
 CHUNK_BYTES = 128 * 2**20  # float32 logits per chunk by default: ~220 positions on Qwen's 151,936 rows
 
@@ -74,11 +87,14 @@ class _HeadLogprobs(torch.autograd.Function):
         lse = torch.empty_like(chosen)  # [n] log of the softmax's denominator
         entropy = torch.zeros_like(chosen)  # [n]
         buffers = _ChunkBuffers(min(chunk, n), vocab_size)
+        linear = _linear_head(head, params) if any(ctx.needs_input_grad) else None
+        if linear is not None:  # the slopes of the module docstring, filled chunk by chunk
+            slope = hidden.new_empty(n, hidden.shape[1], dtype=torch.float32)  # [n, d]
+            tag_slope = hidden.new_zeros(n, 0 if linear.tags is None else len(linear.tags), dtype=torch.float32)  # [n, k]
         for start in range(0, n, chunk):
             span = slice(start, start + chunk)
             logits = head(hidden[span])  # [c, V]
             scores = policy_scores(logits, temperature, vocab_size, out=buffers.scores(logits, temperature))  # [c, V']
-            del logits
             top = scores.amax(-1, keepdim=True)  # [c, 1]
             shifted = scores.sub_(top)  # [c, V'] in place: the logits are not needed again
             picked = shifted.gather(-1, targets[span, None]).squeeze(-1)  # [c]
@@ -87,16 +103,28 @@ class _HeadLogprobs(torch.autograd.Function):
                 Z = e.sum(-1)  # [c]
                 entropy[span] = Z.log() - torch.linalg.vecdot(e, shifted) / Z
             else:
-                Z = shifted.exp_().sum(-1)  # [c]
+                e = shifted.exp_()  # [c, V']
+                Z = e.sum(-1)  # [c]
             chosen[span] = picked - Z.log()
             lse[span] = top.squeeze(-1) + Z.log()
-        ctx.save_for_backward(hidden, targets, lse, *params)
-        ctx.head, ctx.temperature, ctx.vocab_size, ctx.chunk = head, temperature, vocab_size, chunk
+            if linear is not None:
+                slope[span], tag_slope[span] = linear.slopes(e, Z, targets[span], logits, temperature)
+            del logits
+        if linear is None:
+            ctx.save_for_backward(hidden, targets, lse, *params)
+        else:
+            ctx.save_for_backward(hidden, slope, tag_slope)
+        ctx.head, ctx.temperature, ctx.vocab_size, ctx.chunk, ctx.linear = head, temperature, vocab_size, chunk, linear
         ctx.mark_non_differentiable(entropy)
         return chosen, entropy
 
     @staticmethod
     def backward(ctx, grad_chosen, _grad_entropy):
+        if ctx.linear is not None:  # the slopes taken in the forward, scaled by each log-prob's incoming number
+            hidden, slope, tag_slope = ctx.saved_tensors
+            grad_hidden = (grad_chosen[:, None] * slope).to(hidden.dtype) if ctx.needs_input_grad[0] else None  # [n, d]
+            grad_params = [] if ctx.linear.rows is None else [ctx.linear.rows_gradient(grad_chosen, tag_slope, hidden)]
+            return (grad_hidden, None, None, None, None, None, None, *grad_params)
         hidden, targets, lse, *params = ctx.saved_tensors
         head, temperature, vocab_size = ctx.head, ctx.temperature, ctx.vocab_size
         scale = temperature if 0 < temperature != 1.0 else 1.0  # d scores / d logits
@@ -128,6 +156,63 @@ class _HeadLogprobs(torch.autograd.Function):
                     if value is not None:
                         grad_params[i] = value if grad_params[i] is None else grad_params[i].add_(value)
         return (grad_hidden, None, None, None, None, None, None, *grad_params)
+
+
+class _LinearHead:
+    """A head that is a linear map: logits = h @ W'^T, W' the frozen weight [V, d] with the rows of
+    `tags` [k] replaced by the trainable `rows` [k, d] (peft's tag rows), or no tags at all."""
+
+    def __init__(self, weight: torch.Tensor, tags: torch.Tensor | None, rows: torch.nn.Parameter | None):
+        self.weight, self.tags, self.rows = weight, tags, rows
+
+    def slopes(self, e: torch.Tensor, Z: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor, temperature: float):
+        """A chunk's d chosen / d h [c, d] and d chosen / d (tag logits) [c, k], float32. e [c, V'] the
+        exponentials of the shifted scores (float32, spent: overwritten), Z [c] their sums, targets
+        [c]; logits [c, V] the chunk's spent logits: their storage takes (onehot - softmax) in the
+        head's dtype for the matmul, as the recompute's backward writes its gradient."""
+        scale = temperature if 0 < temperature != 1.0 else 1.0  # d scores / d logits = 1 / T
+        vocab = e.shape[-1]  # V': the policy's rows; the weight's rows beyond it are not in the policy
+        tag_slope = e.new_zeros(e.shape[0], 0 if self.tags is None else len(self.tags))  # [c, k]
+        part = e.mul_((-1 / Z)[:, None])  # [c, V'] -softmax, in place
+        part.scatter_add_(-1, targets[:, None], torch.ones_like(Z)[:, None])  # onehot(target) - softmax
+        if self.tags is not None:
+            inside = self.tags < vocab  # [k] tag rows the policy reads
+            tags = self.tags[inside]
+            tag_slope[:, inside] = part[:, tags]
+            part[:, tags] = 0  # their logits came from `rows`, added below
+        onehot_minus_p = logits[:, :vocab]  # [c, V'] in the head's dtype
+        if onehot_minus_p.data_ptr() != part.data_ptr():  # float32 logits at T = 1: `part` is that view already
+            onehot_minus_p.copy_(part)
+        slope = (onehot_minus_p @ self.weight[:vocab]).float()  # [c, d]: the head's backward matmul
+        if self.tags is not None:
+            slope += tag_slope @ self.rows.detach().to(self.weight.dtype).float()  # [c, k] @ [k, d]
+        return slope / scale, tag_slope / scale
+
+    def rows_gradient(self, grad_chosen: torch.Tensor, tag_slope: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """d loss / d rows [k, d] in the rows' dtype: sum over positions of g x tag slope x h."""
+        return ((grad_chosen[:, None] * tag_slope).T @ hidden.float()).to(self.rows.dtype)
+
+
+def _linear_head(head: torch.nn.Module, params: list) -> _LinearHead | None:
+    """The head as a `_LinearHead` where it is one whose only trainable parameters are its tag rows
+    (or none): a bias-free frozen nn.Linear, bare or inside `RowwiseTagRows` with one active
+    adapter (in peft's TrainableTokensWrapper, whose forward is its layer's). None for any other
+    head: its backward recomputes the logits."""
+    def frozen_linear(m):
+        return type(m) is torch.nn.Linear and m.bias is None and not m.weight.requires_grad
+
+    if isinstance(head, TrainableTokensWrapper):
+        head = head.token_adapter
+    if frozen_linear(head) and not params:
+        return _LinearHead(head.weight, None, None)
+    if (isinstance(head, RowwiseTagRows) and frozen_linear(head.base_layer) and not head.merged
+            and not head.disable_adapters and len(head.active_adapters) == 1):
+        name = head.active_adapters[0]
+        rows = head.trainable_tokens_delta[name]
+        if len(params) == 1 and params[0] is rows:
+            tags = torch.as_tensor(head.token_indices[name], device=rows.device)
+            return _LinearHead(head.base_layer.weight, tags, rows)
+    return None
 
 
 class _ChunkBuffers:

@@ -247,3 +247,59 @@ def test_a_head_with_dropout_draws_the_same_masks_in_the_recompute():
         close(a, b)
     with pytest.raises(NanoparError, match="positions per chunk must be >= 1"):
         head_logprobs(hidden, targets, head, 1.0, 290, chunk=-1)
+
+
+@pytest.mark.parametrize("dtype, temperature", [(torch.float32, 0.7), (torch.float32, 1.0), (torch.bfloat16, 0.7)])
+def test_the_tag_row_head_takes_its_slopes_in_the_forward(tmp_path, dtype, temperature):
+    """The head load_model builds (a frozen linear head, its tag rows trainable) reads no recompute:
+    the head runs once per chunk, and the log-probs and the gradients of the hidden states and of
+    the tag rows are those of the plain read (autograd through log_softmax of the full logits), with
+    tag ids among the targets, the policy's vocabulary below the head's rows, and a short last chunk."""
+    import nanopar.head as head_module
+    from nanopar.head import decoder_and_head
+    tiny_qwen_model(vocab_size=128, hidden_size=64, tie_word_embeddings=False).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    model, tokenizer = load_model(ModelSettings(str(tmp_path), lora=True))
+    _, head = decoder_and_head(model.to(dtype))
+    rows = head.token_adapter.trainable_tokens_delta["default"]
+    with torch.no_grad():
+        rows.add_(torch.randn(rows.shape, generator=torch.Generator().manual_seed(2)).to(rows.dtype))
+    vocab = len(tokenizer)
+    assert vocab < 128 and head_module._linear_head(head, [rows]) is not None
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(23, 64, generator=g).to(dtype).requires_grad_(True)  # [n, d]
+    targets = torch.randint(0, vocab, (23,), generator=g)  # [n]
+    tags = torch.as_tensor(head.token_adapter.token_indices["default"])
+    targets[::4] = tags[torch.arange(6) % len(tags)]  # some targets are tags
+    weights = torch.randn(23, generator=g)  # [n] the loss's incoming numbers
+
+    def plain():
+        return policy_logprobs(head(hidden), temperature, vocab).gather(-1, targets[:, None]).squeeze(-1)
+
+    calls = []
+    hook = head.token_adapter.base_layer.register_forward_hook(lambda *_: calls.append(1))
+    got = {}
+    for name, read in (("slopes", lambda: head_logprobs(hidden, targets, head, temperature, vocab, chunk=5)[0]),
+                       ("plain", plain)):
+        hidden.grad, rows.grad, calls[:] = None, None, []
+        chosen = read()
+        (chosen * weights).sum().backward()
+        got[name] = (chosen.detach().float(), hidden.grad.float(), rows.grad.float(), len(calls))
+    hook.remove()
+    assert got["slopes"][3] == 5 and got["plain"][3] == 1  # 5 chunks, each read once: no recompute
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for a, b in zip(got["slopes"][:3], got["plain"][:3]):
+        close(a, b, rtol=tolerance)
+    assert got["plain"][2].abs().sum() > 0
+
+
+def test_a_head_it_cannot_read_as_linear_takes_the_recompute():
+    """A bias, a trainable weight or a module that is not a linear layer: no slopes, the recompute."""
+    from nanopar.head import _linear_head
+    frozen = torch.nn.Linear(4, 9, bias=False).requires_grad_(False)
+    assert _linear_head(frozen, []) is not None
+    biased = torch.nn.Linear(4, 9).requires_grad_(False)
+    trained = torch.nn.Linear(4, 9, bias=False)
+    assert _linear_head(biased, []) is None and _linear_head(trained, [trained.weight]) is None
+    assert _linear_head(torch.nn.Sequential(frozen), []) is None
