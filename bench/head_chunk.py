@@ -3,15 +3,18 @@
     python bench/head_chunk.py                         # 1,024 positions, chunks 110 .. 1,024, bfloat16
     python bench/head_chunk.py --chunks 220 880 --repeats 1
 
-`head.head_logprobs` applies the head to `chunk` positions at a time (forward, then the recompute
-and the input's gradient in backward): three products of [chunk, d] by [d, V] per chunk, and
-float32 passes over each [chunk, V] block of logits, written into buffers made once per call.
-A second table races those buffers against a fresh float32 tensor per chunk (the read before
-them), alternating, the same log-probs and gradient asserted. Its default chunk holds CHUNK_BYTES of float32
+`head.head_logprobs` applies the head to `chunk` positions at a time. This head (frozen, linear)
+takes the slopes road: per chunk the logits' product and, in the forward, (onehot - softmax) by
+the weight, two products of [chunk, d] by [d, V]; the recompute road (any other head) pays a third,
+the logits again in backward. Both make float32 passes over each [chunk, V] block of logits,
+written into buffers made once per call. A second table races those buffers against a fresh
+float32 tensor per chunk (the read before them), alternating, the same log-probs and gradient
+asserted; a third races the two roads, the same log-probs asserted and the gradients' largest
+difference printed. Its default chunk holds CHUNK_BYTES of float32
 logits (220 positions on this head). Here one micro-batch of hidden states ([positions, d],
 random, the policy's real vocabulary) is read with the entropy, forward + backward, as the GRPO
 update reads it, through a bfloat16 head of Qwen2.5-0.5B's shape (896 -> 151,936), at each chunk
-size: best of `repeats` after a warm-up, the head's products' rate (3 per chunk), and the peak
+size: best of `repeats` after a warm-up, the head's products' rate (2 per chunk), and the peak
 resident-memory rise of the warm-up, each against the first chunk size of the list in the same
 process. Not here: the decoder (bench/train_step.py), the read's other callers.
 """
@@ -43,6 +46,7 @@ class HeadChunkConfig:
     temperature: float = 0.7  # the policy's T (a division per chunk, as the GRPO read does)
     repeats: int = 3  # timed rounds per chunk size (the best counts), after a warm-up round
     buffers: bool = True  # also race the reused float32 buffers against a fresh tensor per chunk, at the first chunk size
+    roads: bool = True  # also race the slopes taken in the forward against the recompute, at the first chunk size
 
 
 def read_once(head, hidden, targets, config: HeadChunkConfig, chunk: int) -> torch.Tensor:
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     head = torch.nn.Linear(config.hidden, config.vocab, bias=False, dtype=torch.bfloat16).requires_grad_(False)
     hidden = torch.randn(config.positions, config.hidden, dtype=torch.bfloat16, requires_grad=True)  # [n, d]
     targets = torch.randint(0, config.real_vocab, (config.positions,))  # [n]
-    flops = 3 * 2 * config.positions * config.hidden * config.vocab  # forward, recompute, input gradient
+    flops = 2 * 2 * config.positions * config.hidden * config.vocab  # the logits, the slopes' product
     table = Table(title=f"the chunked head read, forward + backward with the entropy: {config.positions:,} positions, "
                         f"bfloat16 head {config.hidden} -> {config.vocab:,}")
     for column in ("chunk", "s", "x baseline time", "head products TFLOPS", "MB", "x baseline memory"):
@@ -84,10 +88,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         table.add_row(f"{chunk:,}", f"{best:.3f}", f"{best / base[0]:.2f}", f"{flops / best / 1e12:.2f}",
                       f"{rise:,.0f}", f"{rise / base[1]:.2f}" if base[1] > 0 else "")
     table.caption = (f"best of {config.repeats} after a warm-up; MB = peak resident-set rise of the warm-up; "
-                     f"TFLOPS counts the head's three products per chunk, not the float32 passes")
+                     f"TFLOPS counts the head's two products per chunk, not the float32 passes")
     console.print(table)
     if config.buffers:
         rows.append(race_buffers(head, hidden, targets, config, console))
+    if config.roads:
+        rows.append(race_roads(head, hidden, targets, config, console))
     console.print(f"load average after: {os.getloadavg()[0]:.2f}")
     return rows
 
@@ -127,6 +133,38 @@ def race_buffers(head, hidden, targets, config: HeadChunkConfig, console: Consol
                      f"(checked); best of {config.repeats} alternating rounds after a warm-up round")
     console.print(table)
     return {"chunk": chunk, "fresh": best["fresh"], "reused": best["reused"]}
+
+
+def race_roads(head, hidden, targets, config: HeadChunkConfig, console: Console) -> dict:
+    """The slopes taken in the forward against the recompute at the first chunk size, alternating:
+    best of `repeats` each; the log-probs equal, the input gradients' largest difference reported."""
+    chunk, linear_head = config.chunks[0], head_module._linear_head
+    best = {"recompute": math.inf, "slopes": math.inf}
+    outputs = {}
+    for round in range(config.repeats + 1):  # round 0 warms up
+        for name in best:
+            head_module._linear_head = linear_head if name == "slopes" else (lambda head, params: None)
+            try:
+                start = time.perf_counter()
+                chosen = read_once(head, hidden, targets, config, chunk)
+                took = time.perf_counter() - start
+            finally:
+                head_module._linear_head = linear_head
+            outputs[name] = (chosen, hidden.grad.float())
+            best[name] = min(best[name], took) if round else best[name]
+    if not torch.equal(outputs["slopes"][0], outputs["recompute"][0]):
+        raise AssertionError("the two roads read other log-probs")
+    want = outputs["recompute"][1]
+    difference = ((outputs["slopes"][1] - want).abs().max() / want.abs().max()).item()
+    table = Table(title=f"the gradient's road, chunk {chunk:,}")
+    for column in ("road", "s", "x recompute"):
+        table.add_column(column, justify="right")
+    for name in best:
+        table.add_row(name, f"{best[name]:.3f}", f"{best[name] / best['recompute']:.2f}")
+    table.caption = (f"best of {config.repeats} alternating rounds after a warm-up round; the same log-probs (checked); "
+                     f"input gradients differ by at most {difference:.1e} of their largest value ({hidden.dtype})")
+    console.print(table)
+    return {"chunk": chunk, "recompute": best["recompute"], "slopes": best["slopes"], "difference": difference}
 
 
 if __name__ == "__main__":

@@ -31,6 +31,30 @@ def test_the_benchmark_reports_every_chunk_size():
                        "--chunks", "8", "3", "--repeats", "1"])
     assert [r["chunk"] for r in rows[:2]] == [8, 3] and all(r["seconds"] > 0 for r in rows[:2])
     assert rows[2]["chunk"] == 8 and rows[2]["fresh"] > 0 and rows[2]["reused"] > 0  # the buffers' race, checked equal
+    assert rows[3]["slopes"] > 0 and rows[3]["recompute"] > 0 and rows[3]["difference"] < 2e-2  # the roads' race, bf16
+
+
+def test_both_roads_give_the_hand_written_gradient():
+    """The slopes (this frozen head's road) and the recompute (any other head's) against autograd
+    through the full logits in float64 (the read keeps its scores in float32)."""
+    from nanopar import head as head_module
+    config = bench.HeadChunkConfig(positions=13, hidden=8, vocab=40, real_vocab=37, temperature=0.7)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(config.hidden, config.vocab, bias=False, dtype=torch.float64).requires_grad_(False)
+    hidden = torch.randn(config.positions, config.hidden, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, config.real_vocab, (config.positions,))
+    expected = torch.log_softmax(head(hidden)[:, : config.real_vocab] / config.temperature, -1)
+    (grad,) = torch.autograd.grad((expected.gather(-1, targets[:, None]).squeeze(-1) * torch.arange(13)).sum(), hidden)
+    linear_head = head_module._linear_head
+    for road in (linear_head, lambda head, params: None):
+        head_module._linear_head = road
+        try:
+            hidden.grad = None
+            chosen, _ = head_module.head_logprobs(hidden, targets, head, config.temperature, config.real_vocab, chunk=4)
+            (chosen * torch.arange(13)).sum().backward()
+        finally:
+            head_module._linear_head = linear_head
+        torch.testing.assert_close(hidden.grad, grad, rtol=1e-5, atol=1e-6)  # float32 scores, as the read keeps them
 
 
 def test_reused_buffers_read_what_fresh_tensors_read():
