@@ -15,7 +15,8 @@ imported on first use, so nothing general imports the toy. `register_source("maz
 makes "maze:small" work wherever a spec does. Records map by field (question = "question" /
 "problem" / "prompt", answer = "answer", or as named; id = "id" / "unique_id" or "<name>:<line>", the rest into
 `Problem.extra`); bad input is never skipped but a one-line `NanoparError` that says where.
-`read_jsonl` / `write_jsonl` (atomic) are the plain JSON Lines helpers; nanopar/benchmarks/README.md
+`read_jsonl` / `write_jsonl` (atomic) are the plain JSON Lines helpers, `read_json` / `write_json`
+(atomic) the JSON ones; nanopar/benchmarks/README.md
 lists the shipped sets, their sources and licenses.
 Not here: prompts (prompts.py), grading answers (grading.py).
 """
@@ -249,21 +250,41 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
     step (`os.replace`): a reader never sees half a file, and a failure part-way (say a record
     that is not JSON-serialisable) leaves `path` as it was. Parent folders are created.
     """
-    path = Path(path)
+    def lines(out) -> None:
+        for number, record in enumerate(records, 1):
+            if dataclasses.is_dataclass(record) and not isinstance(record, type):
+                record = dataclasses.asdict(record)
+            if not isinstance(record, dict):  # read_jsonl would refuse the line
+                raise TypeError(f"{path}: record {number} is a {type(record).__name__}, not a dict")
+            try:
+                line = json.dumps(record, ensure_ascii=False)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"{path}: record {number} is not JSON-serialisable ({error})") from error
+            out.write(line + "\n")
+
+    return _write_atomically(Path(path), lines)
+
+
+def write_json(path: str | Path, value) -> Path:
+    """Write one JSON document (indented), atomically as `write_jsonl` writes its lines."""
+    return _write_atomically(Path(path), lambda out: out.write(json.dumps(value, indent=1) + "\n"))
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON file written by `write_json`; a file that is not JSON is a one-line error naming it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise NanoparError(f"{path}: not JSON ({error}); move it away to write it again") from None
+
+
+def _write_atomically(path: Path, write: Callable) -> Path:
+    """`write(file)` into a temporary file beside `path`, which then replaces it in one step."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # same folder: same file system
     try:
         with open(temp, "x", encoding="utf-8") as out:  # "x": never clobber; mode follows the umask
-            for number, record in enumerate(records, 1):
-                if dataclasses.is_dataclass(record) and not isinstance(record, type):
-                    record = dataclasses.asdict(record)
-                if not isinstance(record, dict):  # read_jsonl would refuse the line
-                    raise TypeError(f"{path}: record {number} is a {type(record).__name__}, not a dict")
-                try:
-                    line = json.dumps(record, ensure_ascii=False)
-                except (TypeError, ValueError) as error:
-                    raise TypeError(f"{path}: record {number} is not JSON-serialisable ({error})") from error
-                out.write(line + "\n")
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)

@@ -5,7 +5,9 @@
 After a training stage the runner evaluates its `final/` on each --eval-data set
 (`evaluation.evaluate`, then `summarize`). The result is kept in `<stage>/eval.json` under a key
 of everything that decides the samples (`results.evaluation_key`), and sampled again only when
-that changes. Under torchrun the sampler calls are shared out over the processes
+that changes; the responses are kept beside it (`eval_records.<digest>.jsonl`, the digest of that
+key less the rewards), so a run that scores other rewards on the same samples (a stage skipped or
+added) scores them again on the saved responses instead of sampling (`rescored`). Under torchrun the sampler calls are shared out over the processes
 (`evaluation.evaluate`: the same records as one process makes) and rank 0 writes eval.json. A set
 whose records carry a reference response (a held-out slice of traces: parallel-gsm8k:heldout) also
 gets the mean log-probability per token of those responses (`reference_logprob`). Every
@@ -17,11 +19,14 @@ table of stages (results.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from pathlib import Path
 
 from . import distributed
 from .curriculum import Stage, TrainConfig, stage_folder
+from .data import read_json, read_jsonl, write_json, write_jsonl
 from .evaluation import evaluate, rescore, summarize
 from .metrics import MetricsLog
 from .model import load_with_policy
@@ -49,12 +54,15 @@ class HeldOut:
         if not config.eval_problems or not inputs.eval_sets():
             return None
         key = evaluation_key(config, self.stages, stage)
-        saved = json.loads(out.read_text()) if out.exists() else {}
+        saved = read_json(out) if out.exists() else {}
         if saved.get("how") == key:
             return saved["results"]
+        kept = records_file(out.parent, key)
+        if "how" in saved and samples_key(saved["how"]) == samples_key(key) and kept.exists():
+            return self.rescored(stage, saved["results"], key, kept)
         path = config.model if stage.kind == "given" else str(out.parent / "final")
         model, tokenizer, policy = load_with_policy(config, path, stage.mode, inputs.schema)
-        sampling, results, started = SamplerSettings.from_flags(config), {}, time.perf_counter()
+        sampling, results, started, kept_records = SamplerSettings.from_flags(config), {}, time.perf_counter(), []
         with progress(self.console) as bar:
             for spec in inputs.eval_sets():
                 problems = inputs.eval_problems(spec)
@@ -63,17 +71,35 @@ class HeldOut:
                                    held_out_instructions(stage, spec, inputs.schema), config.chat,
                                    config.eval_batch, progress=lambda done, task=task: bar.update(task, completed=done))
                 results[spec] = summarize(records) | held_out_rewards(records, run_rewards(self.stages))
+                kept_records += [{"set": spec} | record for record in records]
                 references = [(p, (p.extra or {}).get("response")) for p in problems]
                 if problems and all(isinstance(response, str) for _, response in references):  # a set of traces
                     results[spec]["reference_logprob"] = self.reference_logprob(model, tokenizer, policy, references,
                                                                                 stage, spec)
         if distributed.is_main():  # under torchrun every process holds the results (`evaluate` gathers them)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"how": key, "results": results}, indent=1) + "\n")
+            write_jsonl(kept, kept_records)  # first: an eval.json is never without its responses
+            for other in out.parent.glob("eval_records.*.jsonl"):
+                if other != kept:
+                    other.unlink()
+            write_json(out, {"how": key, "results": results})
         self.log.write({"stage": stage.name, "event": "eval", "seconds": time.perf_counter() - started,
                         "results": {spec: {k: v for k, v in result.items() if k not in ("per_problem", "rewards")}
                                     for spec, result in results.items()}})  # eval.json keeps the per-problem ones
         distributed.barrier("waiting for rank 0 to write eval.json")  # read next on every process
+        return results
+
+    def rescored(self, stage: Stage, results: dict, key: dict, kept: Path) -> dict:
+        """The saved `results`, their rewards scored again on the saved responses in `kept`: the samples'
+        settings are this run's, only the rewards it scores differ. Saved under `key`."""
+        rewards, records = run_rewards(self.stages), read_jsonl(kept)
+        results = {spec: {k: v for k, v in result.items() if k not in ("rewards", "reward_means")}
+                   | held_out_rewards([r for r in records if r["set"] == spec], rewards)
+                   for spec, result in results.items()}
+        if distributed.is_main():
+            write_json(stage_folder(self.config.out, self.stages, stage) / "eval.json", {"how": key, "results": results})
+        self.console.print(f"[dim]{stage.name}: its saved responses scored again for the rewards "
+                           f"{', '.join(rewards) or '(none)'}, not sampled again[/dim]", highlight=False)
+        distributed.barrier("waiting for rank 0 to write eval.json")
         return results
 
     def reference_logprob(self, model, tokenizer, policy: Policy, references: list, stage: Stage, spec: str) -> float:
@@ -101,3 +127,15 @@ def held_out_rewards(records: list[dict], rewards: list[str]) -> dict:
         per_problem[reward] = {problem: sum(t) / len(t) for problem, t in totals.items()}
     return {"rewards": per_problem,
             "reward_means": {reward: sum(m.values()) / len(m) for reward, m in per_problem.items()}}
+
+
+def samples_key(key: dict) -> dict:
+    """An evaluation key (`results.evaluation_key`) less the rewards scored: what decides the samples."""
+    return {name: value for name, value in key.items() if name != "rewards"}
+
+
+def records_file(folder: Path, key: dict) -> Path:
+    """`<folder>/eval_records.<digest>.jsonl`: the saved responses of the evaluation under `key`,
+    named by its `samples_key`, so responses sampled under other settings are never read for it."""
+    digest = hashlib.sha256(json.dumps(samples_key(key), sort_keys=True).encode()).hexdigest()[:12]
+    return folder / f"eval_records.{digest}.jsonl"

@@ -17,12 +17,11 @@ Not here: sampling an evaluation (heldout.py, evaluation.py), drawing the table 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .curriculum import Stage, TrainConfig, baseline_of, eval_sets, given_stage, stage_folder, starting_stage
-from .data import read_jsonl
+from .data import read_json, read_jsonl
 from .evaluation import paired_difference
 from .policy import Policy
 from .prompts import instructions_named
@@ -75,7 +74,7 @@ def saved_evaluation(config: TrainConfig, stages: list[Stage], stage: Stage) -> 
     if not config.eval_problems or not eval_sets(config):
         return None
     path = stage_folder(config.out, stages, stage) / "eval.json"
-    saved = json.loads(path.read_text()) if path.exists() else {}
+    saved = read_json(path) if path.exists() else {}
     return saved["results"] if saved.get("how") == evaluation_key(config, stages, stage) else None
 
 

@@ -455,6 +455,46 @@ def test_held_out_results_are_reused_only_while_nothing_that_changes_the_samples
     assert evaluations(*flags) == 2
 
 
+def test_other_rewards_on_the_same_samples_are_scored_on_the_saved_responses(tmp_path, monkeypatch):
+    """An evaluation keeps its responses beside eval.json: a run that only scores other rewards (a
+    GRPO stage's reward changed, a stage skipped) scores them on those responses and samples
+    nothing; what it scores is what sampling scored (format) and what the grades say (accuracy =
+    2 x correct - 1); a sampling flag changed samples again and keeps only the new responses."""
+    base = ["--out", str(tmp_path), "--eval-problems", "3", "--eval-samples", "2", "--max-new-tokens", "8",
+            "--hard-reward", "format"]
+
+    def evaluate(*more):
+        config = train.resolved_config([*base, *more])[0]
+        runner = nanopar.runner.Runner(config, recipe(config))
+        stage = runner.stages[1]
+        if not (runner.folder(stage) / "final").exists():
+            save_checkpoint(runner.folder(stage) / "final", *load_model(ModelSettings("toy:model")))
+        return runner.heldout.evaluate(stage)["toy:easy:heldout"], runner.folder(stage)
+
+    sampled, folder = evaluate("--easy-reward", "format")
+    assert list(sampled["rewards"]) == ["format"]
+    real_evaluate = nanopar.heldout.evaluate
+    monkeypatch.setattr(nanopar.heldout, "evaluate", lambda *a, **k: pytest.fail("sampled again"))
+    both, _ = evaluate("--easy-reward", "accuracy")
+    assert sorted(both["rewards"]) == ["accuracy", "format"] and both["rewards"]["format"] == sampled["rewards"]["format"]
+    assert both["rewards"]["accuracy"] == {k: 2 * v - 1 for k, v in sampled["per_problem"].items()}
+    assert both["reward_means"]["accuracy"] == pytest.approx(statistics.fmean(both["rewards"]["accuracy"].values()))
+    assert {k: v for k, v in both.items() if k not in ("rewards", "reward_means")} == \
+        {k: v for k, v in sampled.items() if k not in ("rewards", "reward_means")}
+    assert nanopar.results.saved_evaluation(*(lambda c: (c, recipe(c), recipe(c)[1]))(
+        train.resolved_config([*base, "--easy-reward", "accuracy"])[0]))["toy:easy:heldout"] == both
+    again, _ = evaluate("--easy-reward", "format")
+    assert again == sampled  # the first run's numbers, scored from its saved responses
+    monkeypatch.setattr(nanopar.heldout, "evaluate", real_evaluate)
+    kept = list(folder.glob("eval_records.*.jsonl"))
+    evaluate("--easy-reward", "format", "--temperature", "0.5")
+    assert len(list(folder.glob("eval_records.*.jsonl"))) == 1 and not kept[0].exists()
+    (folder / "eval.json").write_text('{"how": {"data"')  # cut short by hand: a one-line error naming it
+    with pytest.raises(NanoparError, match=r"eval.json: not JSON .*move it away") as error:
+        evaluate()
+    assert "\n" not in str(error.value)
+
+
 def jsonl_problems(path, problems):
     path.write_text("".join(json.dumps({"question": p.question, "answer": p.answer}) + "\n"
                             for p in problems))
