@@ -57,7 +57,7 @@ from rich.table import Table
 import nanopar
 from nanopar import NanoparError, distributed
 from nanopar.config import ScriptConfig, parse_config, save_config
-from nanopar.data import load_problems, read_jsonl, write_jsonl
+from nanopar.data import load_problems, read_jsonl, write_json, write_jsonl
 from nanopar.defaults import real_defaults, resolve
 from nanopar.eval_report import decode_rate, forked, group_keys, reward_report, speedup
 from nanopar.evaluation import evaluate, paired_difference, read_from_text, rescore, summarize
@@ -150,7 +150,7 @@ def run(config: EvalConfig, console: Console) -> dict:
             records += [{"benchmark": name, **r} for r in found]
             if distributed.is_main():
                 write_jsonl(out / "samples.jsonl", records)
-                (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+                write_json(out / "summary.json", summary, indent=2)
             flexible = metrics["accuracy_flexible"]
             bar.update(task, description=f"{name} mean@{config.samples} {metrics['accuracy']:.1%}"
                        + ("" if flexible is None else f" (flexible {flexible:.1%})"))

@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import json
 import re
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 
+from .data import write_json
 from .policy import Policy
 from .prompts import instructions_named
 from .sampler import SamplerSettings
@@ -99,7 +99,4 @@ def flags_given(argv: list[str]) -> set[str]:
 
 def save_config(config, folder: str | Path, name: str = "config.json", extra: dict | None = None) -> Path:
     """Write the resolved config next to a run's outputs, with `extra` entries (say the stages)."""
-    path = Path(folder) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dataclasses.asdict(config) | (extra or {}), indent=2) + "\n")
-    return path
+    return write_json(Path(folder) / name, dataclasses.asdict(config) | (extra or {}), indent=2)  # atomic

@@ -265,9 +265,9 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
     return _write_atomically(Path(path), lines)
 
 
-def write_json(path: str | Path, value) -> Path:
+def write_json(path: str | Path, value, indent: int = 1) -> Path:
     """Write one JSON document (indented), atomically as `write_jsonl` writes its lines."""
-    return _write_atomically(Path(path), lambda out: out.write(json.dumps(value, indent=1) + "\n"))
+    return _write_atomically(Path(path), lambda out: out.write(json.dumps(value, indent=indent) + "\n"))
 
 
 def read_json(path: str | Path) -> dict:

@@ -24,7 +24,7 @@ import statistics
 from statistics import fmean
 
 from . import NanoparError, distributed
-from .data import read_jsonl
+from .data import read_jsonl, write_jsonl
 from .rollouts import response_structure
 
 
@@ -154,7 +154,7 @@ class MetricsLog:
             return
         records = read_jsonl(self.path)
         kept = [r for r in records if not (r.get("stage") == stage and r.get("step", 0) > step)]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_jsonl(self.path, kept)  # atomic: a kill part-way keeps the whole log
 
 
 PLOTTED = ("reward", "accuracy", "parallel_ratio", "relative_position")  # then each "reward/<name>" logged

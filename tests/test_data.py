@@ -13,7 +13,8 @@ import pytest
 
 from conftest import one_line
 from nanopar import NanoparError
-from nanopar.data import BENCHMARK_DIR, BENCHMARKS, Problem, load_problems, load_traces, read_jsonl, write_jsonl
+from nanopar.data import (BENCHMARK_DIR, BENCHMARKS, Problem, load_problems, load_traces, read_json, read_jsonl,
+                          write_json, write_jsonl)
 from nanopar.grading import Reading, read_answer
 from nanopar.prompts import (
     ANSWER_INSTRUCTIONS,
@@ -316,6 +317,53 @@ def test_write_is_atomic(tmp_path):
     with pytest.raises(RuntimeError):
         write_jsonl(path, records())
     assert read_jsonl(path) == [{"old": 1}] and os.listdir(tmp_path) == ["out.jsonl"]
+
+
+def test_json_writes_are_atomic_and_a_broken_file_is_a_one_line_error(tmp_path):
+    """write_json (eval.json, eval.py's summary.json) and save_config (a run's config.json, read
+    when it is run again) replace the file in one step: a failure part-way keeps the old one."""
+    path = write_json(tmp_path / "eval.json", {"old": [1, 2]})
+    with pytest.raises(TypeError):
+        write_json(path, {"new": 1, "bad": {1, 2}})
+    assert read_json(path) == {"old": [1, 2]} and os.listdir(tmp_path) == ["eval.json"]
+    path.write_text('{"old": [1,')  # a file cut short elsewhere
+    with pytest.raises(NanoparError, match=r"eval.json: not JSON \(Expecting value: line 1 column 12") as error:
+        read_json(path)
+    assert "\n" not in str(error.value)
+
+
+KILLED_MID_WRITE = """
+import builtins, io, os, signal, sys
+from nanopar.config import save_config
+from nanopar.curriculum import TrainConfig
+real_open = io.open
+class HalfThenKilled:  # writes half of what it is given, then the process is killed
+    def __init__(self, file): self.file = file
+    def write(self, text):
+        self.file.write(text[: len(text) // 2]); self.file.flush(); os.kill(os.getpid(), signal.SIGKILL)
+    def __getattr__(self, name): return getattr(self.file, name)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.file.close()
+def opened(path, mode="r", *args, **kwargs):
+    file = real_open(path, mode, *args, **kwargs)
+    return HalfThenKilled(file) if "config.json" in str(path) and set(mode) & set("wxa") else file
+io.open = builtins.open = opened
+save_config(TrainConfig(sft_steps=7), sys.argv[1])
+"""
+
+
+def test_a_config_whose_writer_is_killed_mid_write_is_the_last_whole_one(tmp_path):
+    """A run killed while it writes its config.json (save_config; read when it is run again)
+    leaves the last whole file, never half of one: here the writing process is killed after half
+    of the text went to the file."""
+    import subprocess
+    import sys
+    from nanopar.config import save_config
+    from nanopar.curriculum import TrainConfig
+    save_config(TrainConfig(sft_steps=3), tmp_path)
+    child = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)])
+    assert child.returncode == -9  # killed in the write, as planned
+    assert read_json(tmp_path / "config.json")["sft_steps"] == 3
 
 
 # --------------------------------------------------------------------------- prompts
