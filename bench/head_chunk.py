@@ -106,65 +106,63 @@ class FreshBuffers(head_module._ChunkBuffers):
         return like.new_empty(like.shape[0], width, dtype=torch.float32)
 
 
-def race_buffers(head, hidden, targets, config: HeadChunkConfig, console: Console) -> dict:
-    """Reused buffers against fresh tensors at the first chunk size, alternating: best of `repeats` each."""
-    chunk, reused = config.chunks[0], head_module._ChunkBuffers
-    best = {"reused": math.inf, "fresh": math.inf}
-    outputs = {}
+def alternate(head, hidden, targets, config: HeadChunkConfig, patches: dict) -> tuple[dict, dict]:
+    """The read at the first chunk size under each of `patches` ({name: (attribute of nanopar.head,
+    the value it takes)}) in turn, `repeats` rounds after a warm-up round, the attribute restored
+    after each. -> ({name: best seconds}, {name: (log-probs, input gradient)} of its last read)"""
+    best, outputs = {name: math.inf for name in patches}, {}
     for round in range(config.repeats + 1):  # round 0 warms up
-        for name, kind in (("fresh", FreshBuffers), ("reused", reused)):
-            head_module._ChunkBuffers = kind
+        for name, (attribute, value) in patches.items():
+            kept = getattr(head_module, attribute)
+            setattr(head_module, attribute, value)
             try:
                 start = time.perf_counter()
-                chosen = read_once(head, hidden, targets, config, chunk)
+                chosen = read_once(head, hidden, targets, config, config.chunks[0])
                 took = time.perf_counter() - start
             finally:
-                head_module._ChunkBuffers = reused
+                setattr(head_module, attribute, kept)
             outputs[name] = (chosen, hidden.grad.clone())
             best[name] = min(best[name], took) if round else best[name]
+    return best, outputs
+
+
+def race_table(title: str, column: str, best: dict, caption: str, console: Console) -> None:
+    """Each contender's best time and its ratio to the first."""
+    first = next(iter(best.values()))
+    table = Table(title=title)
+    for name in (column, "s", f"x {next(iter(best))}"):
+        table.add_column(name, justify="right")
+    for name, seconds in best.items():
+        table.add_row(name, f"{seconds:.3f}", f"{seconds / first:.2f}")
+    table.caption = f"best of {caption}"
+    console.print(table)
+
+
+def race_buffers(head, hidden, targets, config: HeadChunkConfig, console: Console) -> dict:
+    """Reused buffers against fresh tensors at the first chunk size, alternating: best of `repeats` each."""
+    best, outputs = alternate(head, hidden, targets, config, {"fresh": ("_ChunkBuffers", FreshBuffers),
+                                                               "reused": ("_ChunkBuffers", head_module._ChunkBuffers)})
     if not all(torch.equal(a, b) for a, b in zip(outputs["fresh"], outputs["reused"])):
         raise AssertionError("reused buffers read other numbers than fresh tensors")
-    table = Table(title=f"float32 buffers, chunk {chunk:,}")
-    for column in ("buffers", "s", "x fresh"):
-        table.add_column(column, justify="right")
-    for name in ("fresh", "reused"):
-        table.add_row(name, f"{best[name]:.3f}", f"{best[name] / best['fresh']:.2f}")
-    table.caption = (f"reused within a call against a fresh tensor per chunk, the same log-probs and gradient "
-                     f"(checked); best of {config.repeats} alternating rounds after a warm-up round")
-    console.print(table)
-    return {"chunk": chunk, "fresh": best["fresh"], "reused": best["reused"]}
+    race_table(f"float32 buffers, chunk {config.chunks[0]:,}", "buffers", best,
+               f"{config.repeats} alternating rounds after a warm-up round; reused within a call against a fresh "
+               f"tensor per chunk, the same log-probs and gradient (checked)", console)
+    return {"chunk": config.chunks[0], **best}
 
 
 def race_roads(head, hidden, targets, config: HeadChunkConfig, console: Console) -> dict:
     """The slopes taken in the forward against the recompute at the first chunk size, alternating:
     best of `repeats` each; the log-probs equal, the input gradients' largest difference reported."""
-    chunk, linear_head = config.chunks[0], head_module._linear_head
-    best = {"recompute": math.inf, "slopes": math.inf}
-    outputs = {}
-    for round in range(config.repeats + 1):  # round 0 warms up
-        for name in best:
-            head_module._linear_head = linear_head if name == "slopes" else (lambda head, params: None)
-            try:
-                start = time.perf_counter()
-                chosen = read_once(head, hidden, targets, config, chunk)
-                took = time.perf_counter() - start
-            finally:
-                head_module._linear_head = linear_head
-            outputs[name] = (chosen, hidden.grad.float())
-            best[name] = min(best[name], took) if round else best[name]
+    best, outputs = alternate(head, hidden, targets, config, {"recompute": ("_linear_head", lambda head, params: None),
+                                                               "slopes": ("_linear_head", head_module._linear_head)})
     if not torch.equal(outputs["slopes"][0], outputs["recompute"][0]):
         raise AssertionError("the two roads read other log-probs")
-    want = outputs["recompute"][1]
-    difference = ((outputs["slopes"][1] - want).abs().max() / want.abs().max()).item()
-    table = Table(title=f"the gradient's road, chunk {chunk:,}")
-    for column in ("road", "s", "x recompute"):
-        table.add_column(column, justify="right")
-    for name in best:
-        table.add_row(name, f"{best[name]:.3f}", f"{best[name] / best['recompute']:.2f}")
-    table.caption = (f"best of {config.repeats} alternating rounds after a warm-up round; the same log-probs (checked); "
-                     f"input gradients differ by at most {difference:.1e} of their largest value ({hidden.dtype})")
-    console.print(table)
-    return {"chunk": chunk, "recompute": best["recompute"], "slopes": best["slopes"], "difference": difference}
+    want = outputs["recompute"][1].float()
+    difference = ((outputs["slopes"][1].float() - want).abs().max() / want.abs().max()).item()
+    race_table(f"the gradient's road, chunk {config.chunks[0]:,}", "road", best,
+               f"{config.repeats} alternating rounds after a warm-up round; the same log-probs (checked); input "
+               f"gradients differ by at most {difference:.1e} of their largest value ({hidden.dtype})", console)
+    return {"chunk": config.chunks[0], **best, "difference": difference}
 
 
 if __name__ == "__main__":
