@@ -153,7 +153,7 @@ def race_buffers(head, hidden, targets, config: HeadChunkConfig, console: Consol
 def race_roads(head, hidden, targets, config: HeadChunkConfig, console: Console) -> dict:
     """The slopes taken in the forward against the recompute at the first chunk size, alternating:
     best of `repeats` each; the log-probs equal, the input gradients' largest difference reported."""
-    best, outputs = alternate(head, hidden, targets, config, {"recompute": ("_linear_head", lambda head, params: None),
+    best, outputs = alternate(head, hidden, targets, config, {"recompute": ("_linear_head", lambda *args: None),
                                                                "slopes": ("_linear_head", head_module._linear_head)})
     if not torch.equal(outputs["slopes"][0], outputs["recompute"][0]):
         raise AssertionError("the two roads read other log-probs")

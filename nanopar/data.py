@@ -271,11 +271,14 @@ def write_json(path: str | Path, value, indent: int = 1) -> Path:
 
 
 def read_json(path: str | Path) -> dict:
-    """A JSON file written by `write_json`; a file that is not JSON is a one-line error naming it."""
+    """A JSON object written by `write_json`; a file that is not one is a one-line error naming it."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise NanoparError(f"{path}: not JSON ({error}); move it away to write it again") from None
+    if not isinstance(value, dict):
+        raise NanoparError(f"{path}: a JSON {type(value).__name__}, not an object; move it away to write it again")
+    return value
 
 
 def _write_atomically(path: Path, write: Callable) -> Path:

@@ -29,7 +29,8 @@ a shorter road: a log-prob's gradient is its incoming number times a slope known
 so the forward multiplies each chunk's (onehot - softmax) by the weight, the matmul the backward
 would have made, and keeps the slopes ([n, d] and [n, k], float32); the backward only scales them.
 No recompute: two head matmuls per chunk instead of three (bench/head_chunk.py races the two
-roads). Any other head (a bias, a LoRA on it, dropout, several adapters) takes the recompute.
+roads); a read for no backward (under no_grad: pi_old, a reference) takes no slopes, one matmul a
+chunk. Any other head (a bias, a LoRA on it, dropout, several adapters, a hook) takes the recompute.
 The policy is `policy.policy_scores`'s: logits / T over the real vocabulary, T = 0 read at 1.
 
 Not here: the layout, the batch and the plain read (forward.py), losses. Not covered: models whose forward does
@@ -71,26 +72,28 @@ def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Mo
     if chunk < 1:
         raise NanoparError(f"positions per chunk must be >= 1, not {chunk}")
     params = [p for p in head.parameters() if p.requires_grad]
+    wanted = torch.is_grad_enabled() and (hidden.requires_grad or bool(params))  # a read for a backward
+    linear = _linear_head(head, params, vocab_size) if wanted else None  # None: the recompute road (or none)
     chosen, entropy = _HeadLogprobs.apply(hidden, targets, head, temperature, vocab_size, chunk, with_entropy,
-                                          *params)
+                                          linear, *params)
     return chosen, entropy if with_entropy else None
 
 
 class _HeadLogprobs(torch.autograd.Function):
-    """(hidden [n, d], targets [n], head, T, vocab, chunk, with_entropy, *head params) -> (chosen [n], entropy [n])"""
+    """(hidden [n, d], targets [n], head, T, vocab, chunk, with_entropy, its `_LinearHead` or None,
+    *head params) -> (chosen [n], entropy [n])"""
 
     @staticmethod
-    def forward(ctx, hidden, targets, head, temperature, vocab_size, chunk, with_entropy, *params):
+    def forward(ctx, hidden, targets, head, temperature, vocab_size, chunk, with_entropy, linear, *params):
         ctx.rng = _rng_state(hidden.device)  # replayed by the recompute: a head with dropout
         n = hidden.shape[0]
         chosen = hidden.new_empty(n, dtype=torch.float32)  # [n]
         lse = torch.empty_like(chosen)  # [n] log of the softmax's denominator
         entropy = torch.zeros_like(chosen)  # [n]
         buffers = _ChunkBuffers(min(chunk, n), vocab_size)
-        linear = _linear_head(head, params) if any(ctx.needs_input_grad) else None
         if linear is not None:  # the slopes of the module docstring, filled chunk by chunk
-            slope = hidden.new_empty(n, hidden.shape[1], dtype=torch.float32)  # [n, d]
-            tag_slope = hidden.new_zeros(n, 0 if linear.tags is None else len(linear.tags), dtype=torch.float32)  # [n, k]
+            slope = hidden.new_zeros(n, hidden.shape[1] if hidden.requires_grad else 0, dtype=torch.float32)  # [n, d]
+            tag_slope = hidden.new_zeros(n, linear.k, dtype=torch.float32)  # [n, k]
         for start in range(0, n, chunk):
             span = slice(start, start + chunk)
             logits = head(hidden[span])  # [c, V]
@@ -108,7 +111,8 @@ class _HeadLogprobs(torch.autograd.Function):
             chosen[span] = picked - Z.log()
             lse[span] = top.squeeze(-1) + Z.log()
             if linear is not None:
-                slope[span], tag_slope[span] = linear.slopes(e, Z, targets[span], logits, temperature)
+                slope[span], tag_slope[span] = linear.slopes(e, Z, targets[span], logits, temperature,
+                                                             hidden.requires_grad)
             del logits
         if linear is None:
             ctx.save_for_backward(hidden, targets, lse, *params)
@@ -124,7 +128,7 @@ class _HeadLogprobs(torch.autograd.Function):
             hidden, slope, tag_slope = ctx.saved_tensors
             grad_hidden = (grad_chosen[:, None] * slope).to(hidden.dtype) if ctx.needs_input_grad[0] else None  # [n, d]
             grad_params = [] if ctx.linear.rows is None else [ctx.linear.rows_gradient(grad_chosen, tag_slope, hidden)]
-            return (grad_hidden, None, None, None, None, None, None, *grad_params)
+            return (grad_hidden, None, None, None, None, None, None, None, *grad_params)
         hidden, targets, lse, *params = ctx.saved_tensors
         head, temperature, vocab_size = ctx.head, ctx.temperature, ctx.vocab_size
         scale = temperature if 0 < temperature != 1.0 else 1.0  # d scores / d logits
@@ -155,37 +159,43 @@ class _HeadLogprobs(torch.autograd.Function):
                 for i, value in enumerate(grads):
                     if value is not None:
                         grad_params[i] = value if grad_params[i] is None else grad_params[i].add_(value)
-        return (grad_hidden, None, None, None, None, None, None, *grad_params)
+        return (grad_hidden, None, None, None, None, None, None, None, *grad_params)
 
 
 class _LinearHead:
     """A head that is a linear map: logits = h @ W'^T, W' the frozen weight [V, d] with the rows of
-    `tags` [k] replaced by the trainable `rows` [k, d] (peft's tag rows), or no tags at all."""
+    `tags` [k] replaced by the trainable `rows` [k, d] (peft's tag rows), or no tags at all; read
+    over the policy's first `vocab` rows (V')."""
 
-    def __init__(self, weight: torch.Tensor, tags: torch.Tensor | None, rows: torch.nn.Parameter | None):
-        self.weight, self.tags, self.rows = weight, tags, rows
+    def __init__(self, weight: torch.Tensor, tags: list[int], rows: torch.nn.Parameter | None, vocab: int):
+        self.weight, self.rows, self.k = weight, rows, len(tags)
+        self.inside = [i for i, tag in enumerate(tags) if tag < vocab]  # slots of the tag rows the policy reads
+        self.tags = torch.tensor([tags[i] for i in self.inside], dtype=torch.long, device=weight.device)  # [k']
 
-    def slopes(self, e: torch.Tensor, Z: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor, temperature: float):
-        """A chunk's d chosen / d h [c, d] and d chosen / d (tag logits) [c, k], float32. e [c, V'] the
-        exponentials of the shifted scores (float32, spent: overwritten), Z [c] their sums, targets
-        [c]; logits [c, V] the chunk's spent logits: their storage takes (onehot - softmax) in the
-        head's dtype for the matmul, as the recompute's backward writes its gradient."""
+    def slopes(self, e: torch.Tensor, Z: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor, temperature: float,
+               of_hidden: bool = True):
+        """A chunk's d chosen / d h [c, d] (empty [c, 0] unless `of_hidden`) and d chosen / d (tag
+        logits) [c, k], float32. e [c, V'] the exponentials of the shifted scores (float32, spent:
+        overwritten), Z [c] their sums, targets [c]; logits [c, V] the chunk's spent logits: their
+        storage takes (onehot - softmax) in the head's dtype for the matmul, as the recompute's
+        backward writes its gradient."""
         scale = temperature if 0 < temperature != 1.0 else 1.0  # d scores / d logits = 1 / T
         vocab = e.shape[-1]  # V': the policy's rows; the weight's rows beyond it are not in the policy
-        tag_slope = e.new_zeros(e.shape[0], 0 if self.tags is None else len(self.tags))  # [c, k]
+        tag_slope = e.new_zeros(e.shape[0], self.k)  # [c, k]; 0 for a tag row beyond V'
         part = e.mul_((-1 / Z)[:, None])  # [c, V'] -softmax, in place
         part.scatter_add_(-1, targets[:, None], torch.ones_like(Z)[:, None])  # onehot(target) - softmax
-        if self.tags is not None:
-            inside = self.tags < vocab  # [k] tag rows the policy reads
-            tags = self.tags[inside]
-            tag_slope[:, inside] = part[:, tags]
-            part[:, tags] = 0  # their logits came from `rows`, added below
+        if self.inside:
+            tag_slope[:, self.inside] = part[:, self.tags]
+            part[:, self.tags] = 0  # their logits came from `rows`, added below
+        if not of_hidden:
+            return e.new_zeros(e.shape[0], 0), tag_slope / scale
         onehot_minus_p = logits[:, :vocab]  # [c, V'] in the head's dtype
         if onehot_minus_p.data_ptr() != part.data_ptr():  # float32 logits at T = 1: `part` is that view already
             onehot_minus_p.copy_(part)
         slope = (onehot_minus_p @ self.weight[:vocab]).float()  # [c, d]: the head's backward matmul
-        if self.tags is not None:
-            slope += tag_slope @ self.rows.detach().to(self.weight.dtype).float()  # [c, k] @ [k, d]
+        if self.inside:
+            rows = self.rows.detach()[self.inside].to(self.weight.dtype).float()  # [k', d] as the forward rounds them
+            slope += tag_slope[:, self.inside] @ rows  # [c, k'] @ [k', d]
         return slope / scale, tag_slope / scale
 
     def rows_gradient(self, grad_chosen: torch.Tensor, tag_slope: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -193,26 +203,38 @@ class _LinearHead:
         return ((grad_chosen[:, None] * tag_slope).T @ hidden.float()).to(self.rows.dtype)
 
 
-def _linear_head(head: torch.nn.Module, params: list) -> _LinearHead | None:
+def _linear_head(head: torch.nn.Module, params: list, vocab_size: int | None) -> _LinearHead | None:
     """The head as a `_LinearHead` where it is one whose only trainable parameters are its tag rows
     (or none): a bias-free frozen nn.Linear, bare or inside `RowwiseTagRows` with one active
-    adapter (in peft's TrainableTokensWrapper, whose forward is its layer's). None for any other
-    head: its backward recomputes the logits."""
+    adapter (in peft's TrainableTokensWrapper, whose forward is its layer's), no hook on any of
+    them. None for any other head: its backward recomputes the logits."""
     def frozen_linear(m):
         return type(m) is torch.nn.Linear and m.bias is None and not m.weight.requires_grad
 
+    modules = [head]
     if isinstance(head, TrainableTokensWrapper):
         head = head.token_adapter
+        modules.append(head)
+    if isinstance(head, RowwiseTagRows):
+        modules.append(head.base_layer)
+    hooked = torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks
+    if hooked or any(m._forward_hooks or m._forward_pre_hooks for m in modules):
+        return None  # a hook may change the logits: only the recompute reads what it does
     if frozen_linear(head) and not params:
-        return _LinearHead(head.weight, None, None)
+        return _LinearHead(head.weight, [], None, _policy_rows(head.weight, vocab_size))
     if (isinstance(head, RowwiseTagRows) and frozen_linear(head.base_layer) and not head.merged
             and not head.disable_adapters and len(head.active_adapters) == 1):
         name = head.active_adapters[0]
         rows = head.trainable_tokens_delta[name]
         if len(params) == 1 and params[0] is rows:
-            tags = torch.as_tensor(head.token_indices[name], device=rows.device)
-            return _LinearHead(head.base_layer.weight, tags, rows)
+            weight = head.base_layer.weight
+            return _LinearHead(weight, list(head.token_indices[name]), rows, _policy_rows(weight, vocab_size))
     return None
+
+
+def _policy_rows(weight: torch.Tensor, vocab_size: int | None) -> int:
+    """V': the head's rows the policy reads (policy_scores' cut)."""
+    return weight.shape[0] if vocab_size is None else min(vocab_size, weight.shape[0])
 
 
 class _ChunkBuffers:

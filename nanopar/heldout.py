@@ -95,6 +95,7 @@ class HeldOut:
         results = {spec: {k: v for k, v in result.items() if k not in ("rewards", "reward_means")}
                    | held_out_rewards([r for r in records if r["set"] == spec], rewards)
                    for spec, result in results.items()}
+        distributed.barrier("waiting for every process to read eval.json")  # before rank 0 rewrites it
         if distributed.is_main():
             write_json(stage_folder(self.config.out, self.stages, stage) / "eval.json", {"how": key, "results": results})
         self.console.print(f"[dim]{stage.name}: its saved responses scored again for the rewards "
@@ -139,3 +140,9 @@ def records_file(folder: Path, key: dict) -> Path:
     named by its `samples_key`, so responses sampled under other settings are never read for it."""
     digest = hashlib.sha256(json.dumps(samples_key(key), sort_keys=True).encode()).hexdigest()[:12]
     return folder / f"eval_records.{digest}.jsonl"
+
+
+def forget_evaluation(folder: Path) -> None:
+    """Remove a stage folder's evaluation, eval.json and its saved responses: its model changed."""
+    for path in [folder / "eval.json", *folder.glob("eval_records.*.jsonl")]:
+        path.unlink(missing_ok=True)

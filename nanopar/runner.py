@@ -45,7 +45,7 @@ from .data import write_jsonl
 from .distill import BUDGET_CUTS, keep_traces, nothing_kept
 from .evaluation import sample_record
 from .grpo import GRPOSettings, Reference, grpo_step
-from .heldout import HeldOut
+from .heldout import HeldOut, forget_evaluation
 from .metrics import MetricsLog
 from .model import load_with_policy
 from .optim import make_optimizer
@@ -193,7 +193,7 @@ class Runner:
         else:
             self.folder(stage).mkdir(parents=True, exist_ok=True)
             if distributed.is_main():
-                (self.folder(stage) / "eval.json").unlink(missing_ok=True)  # a new model: its old evaluation is stale
+                forget_evaluation(self.folder(stage))  # a new model: its old evaluation is stale
             started = time.perf_counter()
             if stage.kind == "distill":
                 try:
@@ -225,6 +225,7 @@ class Runner:
         evaluation = Path(stage.shipped) / "eval.json"
         if distributed.is_main():  # under torchrun rank 0 copies, the others wait for it
             copy_model_folder(stage.shipped, self.folder(stage) / "final", leave_out="eval.json")
+            forget_evaluation(self.folder(stage))  # another model's, if any: the shipped one's comes next
             if evaluation.exists():
                 shutil.copyfile(evaluation, self.folder(stage) / "eval.json")
         distributed.barrier("waiting for rank 0 to copy the shipped base")

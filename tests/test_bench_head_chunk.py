@@ -45,8 +45,15 @@ def test_both_roads_give_the_hand_written_gradient():
     targets = torch.randint(0, config.real_vocab, (config.positions,))
     expected = torch.log_softmax(head(hidden)[:, : config.real_vocab] / config.temperature, -1)
     (grad,) = torch.autograd.grad((expected.gather(-1, targets[:, None]).squeeze(-1) * torch.arange(13)).sum(), hidden)
-    linear_head = head_module._linear_head
-    for road in (linear_head, lambda head, params: None):
+    linear_head, slopes = head_module._linear_head, []
+
+    def spied(*args):  # the slopes road, counted
+        linear = linear_head(*args)
+        real = linear.slopes
+        linear.slopes = lambda *a, **k: slopes.append(1) or real(*a, **k)
+        return linear
+
+    for road in (spied, lambda *args: None):
         head_module._linear_head = road
         try:
             hidden.grad = None
@@ -55,6 +62,7 @@ def test_both_roads_give_the_hand_written_gradient():
         finally:
             head_module._linear_head = linear_head
         torch.testing.assert_close(hidden.grad, grad, rtol=1e-5, atol=1e-6)  # float32 scores, as the read keeps them
+        assert len(slopes) == 4  # 13 positions in chunks of 4: the slopes road, then the recompute's (none)
 
 
 def test_reused_buffers_read_what_fresh_tensors_read():

@@ -330,6 +330,10 @@ def test_json_writes_are_atomic_and_a_broken_file_is_a_one_line_error(tmp_path):
     with pytest.raises(NanoparError, match=r"eval.json: not JSON \(Expecting value: line 1 column 12") as error:
         read_json(path)
     assert "\n" not in str(error.value)
+    for text, message in (("[1, 2]", "a JSON list, not an object"), (b"\xff\xfe{", "not JSON")):
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(NanoparError, match=message):
+            read_json(path)
 
 
 KILLED_MID_WRITE = """

@@ -226,6 +226,34 @@ def eval_script_job(out: str) -> tuple[dict, str]:
                              "--max-new-tokens", "80", "--speedup-batches", "0", "--out", out]), out
 
 
+def rescore_job(out: str) -> tuple[dict, dict]:
+    """A stage's held-out evaluation on both processes, then again with other rewards (scored on the
+    saved responses), rank 1 arriving late to the second: it must still read the file before rank 0
+    rewrites it, and the processes' collectives stay paired (a barrier after both).
+    -> (the first results, the second) of this process"""
+    import train
+    from nanopar.checkpoint import save_checkpoint
+    from nanopar.curriculum import recipe
+    from nanopar.runner import Runner
+
+    def evaluate_sft(reward: str, rank_1_late: bool = False) -> dict:
+        config = train.resolved_config(["--out", out, "--eval-problems", "3", "--eval-samples", "2",
+                                        "--max-new-tokens", "8", "--hard-reward", "format", "--easy-reward", reward])[0]
+        runner = Runner(config, recipe(config))
+        stage = runner.stages[1]
+        if distributed.is_main() and not (runner.folder(stage) / "final").exists():
+            save_checkpoint(runner.folder(stage) / "final", *load_model(ModelSettings("toy:model")))
+        distributed.barrier("the model saved")
+        if rank_1_late and distributed.rank() == 1:
+            time.sleep(2)  # rank 0 reaches the rescoring first
+        return runner.heldout.evaluate(stage)["toy:easy:heldout"]
+
+    first = evaluate_sft("format")
+    second = evaluate_sft("accuracy", rank_1_late=True)
+    distributed.barrier("after both")
+    return first, second
+
+
 def without_timings(record: dict) -> dict:
     """An eval.py record or benchmark summary less what the clock decides."""
     record = {k: v for k, v in record.items() if k not in ("seconds", "tokens_per_second")}
@@ -272,7 +300,7 @@ def two(tmp_path_factory) -> list[dict]:
     jobs += [(f"gradients {size}", gradient_job, (size,)) for size in (12, 2**20)]
     jobs += [("eval.py", eval_script_job, (str(folder / "eval"),))]
     jobs += [("evaluation", evaluation_job, ()), ("distill", distill_job, ()),
-             ("bad step", bad_step_job, (str(folder / "run"),))]
+             ("bad step", bad_step_job, (str(folder / "run"),)), ("rescore", rescore_job, (str(folder / "rescore"),))]
     return on_two_processes(jobs, folder)
 
 
@@ -335,6 +363,15 @@ def test_a_sharded_evaluation_returns_every_problem_once_and_the_records_of_one_
         assert [r["batch"] for r in records] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]  # in call order
         assert records == one  # the same responses, grades and structure, sample for sample
         assert summarize(records) == summarize(one)
+
+
+def test_other_rewards_are_scored_on_the_saved_responses_by_every_process_alike(two):
+    """Under torchrun the second evaluation samples nothing new (the rescoring path), and both
+    processes return the same numbers: the first's with accuracy added, as 2 x correct - 1."""
+    (first, second), (first_1, second_1) = two[0]["rescore"], two[1]["rescore"]
+    assert first == first_1 and second == second_1 and list(first["rewards"]) == ["format"]
+    assert second["rewards"]["format"] == first["rewards"]["format"]
+    assert second["rewards"]["accuracy"] == {k: 2 * v - 1 for k, v in first["per_problem"].items()}
 
 
 @pytest.mark.slow

@@ -249,13 +249,8 @@ def test_a_head_with_dropout_draws_the_same_masks_in_the_recompute():
         head_logprobs(hidden, targets, head, 1.0, 290, chunk=-1)
 
 
-@pytest.mark.parametrize("dtype, temperature", [(torch.float32, 0.7), (torch.float32, 1.0), (torch.bfloat16, 0.7)])
-def test_the_tag_row_head_takes_its_slopes_in_the_forward(tmp_path, dtype, temperature):
-    """The head load_model builds (a frozen linear head, its tag rows trainable) reads no recompute:
-    the head runs once per chunk, and the log-probs and the gradients of the hidden states and of
-    the tag rows are those of the plain read (autograd through log_softmax of the full logits), with
-    tag ids among the targets, the policy's vocabulary below the head's rows, and a short last chunk."""
-    import nanopar.head as head_module
+def tag_row_head(tmp_path, dtype):
+    """(the head load_model builds on a tiny untied model, its tag rows moved off their start, the tokenizer)"""
     from nanopar.head import decoder_and_head
     tiny_qwen_model(vocab_size=128, hidden_size=64, tie_word_embeddings=False).save_pretrained(tmp_path)
     char_tokenizer().save_pretrained(tmp_path)
@@ -265,20 +260,37 @@ def test_the_tag_row_head_takes_its_slopes_in_the_forward(tmp_path, dtype, tempe
     rows = head.token_adapter.trainable_tokens_delta["default"]
     with torch.no_grad():
         rows.add_(torch.randn(rows.shape, generator=torch.Generator().manual_seed(2)).to(rows.dtype))
-    vocab = len(tokenizer)
-    assert vocab < 128 and head_module._linear_head(head, [rows]) is not None
+    return head, rows, tokenizer
+
+
+@pytest.mark.parametrize("dtype, temperature, cut", [(torch.float32, 0.7, False), (torch.float32, 1.0, False),
+                                                     (torch.float32, 0.0, True), (torch.float32, 0.7, True),
+                                                     (torch.bfloat16, 0.7, False)])
+def test_the_tag_row_head_takes_its_slopes_in_the_forward(tmp_path, monkeypatch, dtype, temperature, cut):
+    """The head load_model builds (a frozen linear head, its tag rows trainable) reads no recompute:
+    the head runs once per chunk, and the log-probs and the gradients of the hidden states and of
+    the tag rows are those of the plain read (autograd through log_softmax of the full logits), with
+    tag ids among the targets, the policy's vocabulary below the head's rows (`cut`: below the last
+    tag's row too), and a short last chunk. A read under no_grad takes no slopes."""
+    import nanopar.head as head_module
+    head, rows, tokenizer = tag_row_head(tmp_path, dtype)
+    tags = torch.as_tensor(head.token_adapter.token_indices["default"])
+    vocab = int(tags.max()) if cut else len(tokenizer)  # cut: the last tag row is not in the policy
+    assert vocab < 128 and head_module._linear_head(head, [rows], vocab) is not None
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(23, 64, generator=g).to(dtype).requires_grad_(True)  # [n, d]
     targets = torch.randint(0, vocab, (23,), generator=g)  # [n]
-    tags = torch.as_tensor(head.token_adapter.token_indices["default"])
-    targets[::4] = tags[torch.arange(6) % len(tags)]  # some targets are tags
+    targets[::4] = tags[tags < vocab][torch.arange(6) % int((tags < vocab).sum())]  # some targets are tags
     weights = torch.randn(23, generator=g)  # [n] the loss's incoming numbers
 
     def plain():
         return policy_logprobs(head(hidden), temperature, vocab).gather(-1, targets[:, None]).squeeze(-1)
 
-    calls = []
-    hook = head.token_adapter.base_layer.register_forward_hook(lambda *_: calls.append(1))
+    calls, slopes = [], []
+    base = head.token_adapter.base_layer
+    monkeypatch.setattr(base, "forward", lambda x, real=base.forward: calls.append(1) or real(x))
+    real_slopes = head_module._LinearHead.slopes
+    monkeypatch.setattr(head_module._LinearHead, "slopes", lambda *a, **k: slopes.append(1) or real_slopes(*a, **k))
     got = {}
     for name, read in (("slopes", lambda: head_logprobs(hidden, targets, head, temperature, vocab, chunk=5)[0]),
                        ("plain", plain)):
@@ -286,20 +298,56 @@ def test_the_tag_row_head_takes_its_slopes_in_the_forward(tmp_path, dtype, tempe
         chosen = read()
         (chosen * weights).sum().backward()
         got[name] = (chosen.detach().float(), hidden.grad.float(), rows.grad.float(), len(calls))
-    hook.remove()
-    assert got["slopes"][3] == 5 and got["plain"][3] == 1  # 5 chunks, each read once: no recompute
+    assert got["slopes"][3] == 5 and got["plain"][3] == 1 and len(slopes) == 5  # 5 chunks, each read once
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for a, b in zip(got["slopes"][:3], got["plain"][:3]):
         close(a, b, rtol=tolerance)
     assert got["plain"][2].abs().sum() > 0
+    if cut:  # the tag row beyond the policy's vocabulary gets no gradient
+        assert (got["slopes"][2][tags.argmax()] == 0).all() and (got["plain"][2][tags.argmax()] == 0).all()
+    with torch.no_grad():  # a read for no backward (pi_old, a reference): one product per chunk, no slopes
+        calls[:] = []
+        unread = head_logprobs(hidden, targets, head, temperature, vocab, chunk=5)[0]
+    assert len(slopes) == 5 and len(calls) == 5 and torch.equal(unread, got["slopes"][0].to(unread.dtype))
+
+
+def test_a_tag_row_head_with_a_hook_or_its_adapter_disabled_takes_the_recompute(tmp_path):
+    """A forward hook may change the logits, a disabled adapter reads the base's rows: both go the
+    recompute's road, and their gradients are the plain read's."""
+    import nanopar.head as head_module
+    head, rows, tokenizer = tag_row_head(tmp_path, torch.float32)
+    vocab = len(tokenizer)
+    hidden = torch.randn(9, 64, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    targets = torch.randint(0, vocab, (9,), generator=torch.Generator().manual_seed(5))
+    base = head.token_adapter.base_layer
+    hook = base.register_forward_hook(lambda module, args, out: out * 2)
+    assert head_module._linear_head(head, [rows], vocab) is None
+    for setting in ("hook", "disabled"):
+        if setting == "disabled":
+            hook.remove()
+            head.token_adapter.enable_adapters(False)
+            assert head_module._linear_head(head, [rows], vocab) is None
+        read = {}
+        for name in ("chunked", "plain"):
+            hidden.grad = None
+            if name == "chunked":
+                chosen = head_logprobs(hidden, targets, head, 0.7, vocab, chunk=4)[0]
+            else:
+                chosen = policy_logprobs(head(hidden), 0.7, vocab).gather(-1, targets[:, None]).squeeze(-1)
+            (chosen * torch.arange(9)).sum().backward()
+            read[name] = (chosen.detach(), hidden.grad.clone())
+        for a, b in zip(read["chunked"], read["plain"]):
+            close(a, b)
+    head.token_adapter.enable_adapters(True)
+    assert head_module._linear_head(head, [rows], vocab) is not None
 
 
 def test_a_head_it_cannot_read_as_linear_takes_the_recompute():
     """A bias, a trainable weight or a module that is not a linear layer: no slopes, the recompute."""
     from nanopar.head import _linear_head
     frozen = torch.nn.Linear(4, 9, bias=False).requires_grad_(False)
-    assert _linear_head(frozen, []) is not None
+    assert _linear_head(frozen, [], None) is not None
     biased = torch.nn.Linear(4, 9).requires_grad_(False)
     trained = torch.nn.Linear(4, 9, bias=False)
-    assert _linear_head(biased, []) is None and _linear_head(trained, [trained.weight]) is None
-    assert _linear_head(torch.nn.Sequential(frozen), []) is None
+    assert _linear_head(biased, [], None) is None and _linear_head(trained, [trained.weight], None) is None
+    assert _linear_head(torch.nn.Sequential(frozen), [], None) is None
