@@ -14,6 +14,7 @@ Not here: what is measured (train_step.py, head_read.py, memory_measure.py, samp
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import gc
@@ -98,6 +99,27 @@ def model_flags(parser) -> None:
     """--model and --dtype, as the real-model benchmarks take them."""
     parser.add_argument("--model", default="pypi:qwen2.5-coder-0.5b", help="the model (tiny:qwen2: a random tiny one)")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (defaults.cpu_dtype)")
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A real-model benchmark's parser: its docstring's first line, --model and --dtype (`model_flags`)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model_flags(parser)
+    return parser
+
+
+def bench_args(parser: argparse.ArgumentParser, argv: list[str] | None, rounds: tuple[int, str], quick: dict,
+               quick_help: str) -> argparse.Namespace:
+    """`parser` with --rounds (its default and help), --quick and --out, parsed from `argv`; --quick
+    sets the fields of `quick` (the sizes and rounds it stands for, `quick_help` says which)."""
+    parser.add_argument("--rounds", type=int, default=rounds[0], help=rounds[1])
+    parser.add_argument("--quick", action="store_true", help=f"{quick_help} (overrides the size flags)")
+    parser.add_argument("--out", default="", help="write every figure to this JSON file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
 
 
 def load_bench_model(args, console):

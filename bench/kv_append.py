@@ -19,7 +19,6 @@ Not here: forks and merges (bench/sampler.py's cache rebuild), evaluation batche
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -27,7 +26,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import gsm8k_prompts, load_bench_model, model_flags, write_report
+from common import bench_args, bench_parser, gsm8k_prompts, load_bench_model, write_report
 from nanopar.kvcache import LaneCache, LazyLaneCache
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
@@ -36,18 +35,12 @@ CACHES = {"concatenation (LaneCache)": LaneCache, "in place (LazyLaneCache)": La
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    model_flags(parser)
+    parser = bench_parser(__doc__)
     parser.add_argument("--prompts", type=int, default=8, help="GSM8K train questions")
     parser.add_argument("--samples", type=int, default=8, help="responses a question (lanes = prompts x samples)")
     parser.add_argument("--max-new-tokens", type=int, default=384, help="tokens a response, exactly (no stop)")
-    parser.add_argument("--rounds", type=int, default=2, help="timed calls of each cache")
-    parser.add_argument("--quick", action="store_true", help="2 x 2 x 16 tokens, one round (overrides the size flags)")
-    parser.add_argument("--out", default="", help="write every figure to this JSON file")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.prompts, args.samples, args.max_new_tokens, args.rounds = 2, 2, 16, 1
+    args = bench_args(parser, argv, (2, "timed calls of each cache"),
+                      dict(prompts=2, samples=2, max_new_tokens=16, rounds=1), "2 x 2 x 16 tokens, one round")
     console = Console(width=150)
     started = time.perf_counter()
     model, tokenizer, dtype = load_bench_model(args, console)

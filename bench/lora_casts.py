@@ -18,7 +18,6 @@ models (no casts: peft's own forward).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import time
@@ -27,7 +26,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import gsm8k_prompts, load_bench_model, model_flags, write_report
+from common import bench_args, bench_parser, gsm8k_prompts, load_bench_model, write_report
 from nanopar import lora_dtype
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
@@ -52,17 +51,11 @@ def timed_call(model, prompts, policy, settings, samples: int, keep: bool) -> tu
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    model_flags(parser)
+    parser = bench_parser(__doc__)
     parser.add_argument("--lanes", default="2x8,8x8", help="comma list of prompts x samples")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens a response, exactly (no stop)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed calls of each side")
-    parser.add_argument("--quick", action="store_true", help="1 x 2 x 8 tokens, one round (overrides the size flags)")
-    parser.add_argument("--out", default="", help="write every figure to this JSON file")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.lanes, args.max_new_tokens, args.rounds = "1x2", 8, 1
+    args = bench_args(parser, argv, (3, "timed calls of each side"),
+                      dict(lanes="1x2", max_new_tokens=8, rounds=1), "1 x 2 x 8 tokens, one round")
     console = Console(width=150)
     started = time.perf_counter()
     model, tokenizer, dtype = load_bench_model(args, console)

@@ -18,7 +18,6 @@ Not here: float32 models (peft's own forward), sampling (bench/lora_casts.py).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from common import load_bench_model, model_flags, write_report
+from common import bench_args, bench_parser, load_bench_model, write_report
 from floor import training_batch
 from nanopar import lora_dtype
 from nanopar.forward import trace_logprobs
@@ -63,17 +62,11 @@ def timed_read(model, batch, policy, forward) -> tuple[float, torch.Tensor, torc
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    model_flags(parser)
+    parser = bench_parser(__doc__)
     parser.add_argument("--rows", type=int, default=3, help="rows of the micro-batch")
     parser.add_argument("--tokens", type=int, default=660, help="tokens a row")
-    parser.add_argument("--rounds", type=int, default=4, help="timed reads of each side, after a warm-up")
-    parser.add_argument("--quick", action="store_true", help="2 rows x 24 tokens, one round (overrides the size flags)")
-    parser.add_argument("--out", default="", help="write every figure to this JSON file")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.rows, args.tokens, args.rounds = 2, 24, 1
+    args = bench_args(parser, argv, (4, "timed reads of each side, after a warm-up"),
+                      dict(rows=2, tokens=24, rounds=1), "2 rows x 24 tokens, one round")
     console = Console(width=150)
     started = time.perf_counter()
     model, tokenizer, dtype = load_bench_model(args, console)

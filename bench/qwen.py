@@ -72,7 +72,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, bench_order, hand_back_free_memory, load_average, peak_rise, write_report
+from common import MB, bench_args, bench_order, hand_back_free_memory, load_average, peak_rise, write_report
 from floor import FloorSizes, floor_part
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: train.py's presets
@@ -316,13 +316,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--settings", nargs="+", choices=("before", "after"), default=["before", "after"],
                         help="part 3: the settings run (one alone where memory is short)")
     parser.add_argument("--trace-tokens", type=int, default=0, help="part 3: cold-start responses cut to this many tokens (0: whole)")
-    parser.add_argument("--rounds", type=int, default=2, help="parts 0-2: timed rounds after the warm-up; the best counts")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (overrides the size flags)")
-    parser.add_argument("--out", default="", help="write every figure to this JSON file")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.lanes, args.new_tokens, args.fork_lanes, args.fork_tokens, args.path_tokens, args.lead = [1, 4], 16, [1, 4], 40, 12, 4
-        args.prompts, args.group_size, args.grpo_tokens, args.trace_tokens, args.rounds = 2, 2, 16, 128, 1
+    args = bench_args(parser, argv, (2, "parts 0-2: timed rounds after the warm-up; the best counts"),
+                      dict(lanes=[1, 4], new_tokens=16, fork_lanes=[1, 4], fork_tokens=40, path_tokens=12, lead=4,
+                           prompts=2, group_size=2, grpo_tokens=16, trace_tokens=128, rounds=1), "tiny sizes, one round")
     dtype = cpu_dtype(False) if args.dtype == "auto" and on_cpu("auto") else args.dtype
     console = Console(width=160)
     console.print(f"{args.model}, dtype {dtype} (bfloat16 instructions: {cpu_bf16_instructions()}), "

@@ -25,7 +25,6 @@ same for both), a KL term (it reads every row).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -33,7 +32,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import gsm8k_prompts, load_bench_model, model_flags, write_report
+from common import bench_args, bench_parser, gsm8k_prompts, load_bench_model, write_report
 from nanopar.grpo import GRPOSettings, group_advantages, grpo_update
 from nanopar.policy import Policy
 from nanopar.sampler import SamplerSettings, sample
@@ -56,19 +55,13 @@ def timed_update(model, optimizer, rollouts, advantages, policy, settings, pad_i
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    model_flags(parser)
+    parser = bench_parser(__doc__)
     parser.add_argument("--prompts", type=int, default=4, help="GSM8K train questions (groups)")
     parser.add_argument("--group-size", type=int, default=8, help="responses a question (G)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens a response, exactly (no stop)")
     parser.add_argument("--micro-batch-tokens", type=int, default=2048, help="GRPOSettings.micro_batch_tokens")
-    parser.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up")
-    parser.add_argument("--quick", action="store_true", help="2 x 4 x 16 tokens, one round (overrides the size flags)")
-    parser.add_argument("--out", default="", help="write every figure to this JSON file")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.prompts, args.group_size, args.max_new_tokens, args.rounds = 2, 4, 16, 1
+    args = bench_args(parser, argv, (2, "timed rounds after the warm-up"),
+                      dict(prompts=2, group_size=4, max_new_tokens=16, rounds=1), "2 x 4 x 16 tokens, one round")
     console = Console(width=150)
     started = time.perf_counter()
     model, tokenizer, dtype = load_bench_model(args, console)

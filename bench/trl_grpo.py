@@ -64,7 +64,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: spinning threads crawl on a shared CPU
 
-import argparse
 import contextlib
 import tempfile
 import time
@@ -74,7 +73,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, bench_order, peak_rise, write_report
+from common import MB, bench_args, bench_order, bench_parser, peak_rise, write_report
 
 try:
     import trl
@@ -240,22 +239,15 @@ def cell(ours: float, theirs: float, digits: int = 2) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="pypi:qwen2.5-coder-0.5b", help="the model (tiny:qwen2: a random tiny one)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (defaults.cpu_dtype)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--prompts", type=int, default=2, help="GSM8K train questions a step")
     parser.add_argument("--group-size", type=int, default=8, help="responses a question (G)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens a response, exactly (no stop)")
     parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of both optimisers")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up (nanopar, then TRL)")
     parser.add_argument("--trl-autocast", choices=("auto", "on", "off"), default="auto",
                         help="TRL's bf16 flag (accelerate's CPU autocast); auto: on when the model is bfloat16")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (overrides the size flags)")
-    parser.add_argument("--out", default="", help="write every figure to this JSON file")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.prompts, args.group_size, args.max_new_tokens, args.rounds = 2, 2, 16, 1
+    args = bench_args(parser, argv, (3, "timed rounds after the warm-up (nanopar, then TRL)"),
+                      dict(prompts=2, group_size=2, max_new_tokens=16, rounds=1), "tiny sizes, one round")
     dtype = cpu_dtype(False) if args.dtype == "auto" and on_cpu("auto") else args.dtype
     console = Console(width=160)
     console.print(f"{args.model}, dtype {dtype} (bfloat16 instructions: {cpu_bf16_instructions()}), "
