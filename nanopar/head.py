@@ -43,7 +43,7 @@ import torch
 from peft.utils.other import TrainableTokensWrapper
 
 from . import NanoparError
-from .policy import policy_scores, scores_are_a_view
+from .policy import policy_scores, scores_are_a_view, temperature_divisor
 from .tag_rows import RowwiseTagRows
 
 CHUNK_BYTES = 128 * 2**20  # float32 logits per chunk by default: ~220 positions on Qwen's 151,936 rows
@@ -131,7 +131,7 @@ class _HeadLogprobs(torch.autograd.Function):
             return (grad_hidden, None, None, None, None, None, None, None, *grad_params)
         hidden, targets, lse, *params = ctx.saved_tensors
         head, temperature, vocab_size = ctx.head, ctx.temperature, ctx.vocab_size
-        scale = temperature if 0 < temperature != 1.0 else 1.0  # d scores / d logits
+        scale = temperature_divisor(temperature)  # d scores / d logits = 1 / scale
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None  # [n, d]
         grad_params = [None] * len(params)
         cuda = [hidden.device] if hidden.device.type == "cuda" else []
@@ -179,7 +179,7 @@ class _LinearHead:
         overwritten), Z [c] their sums, targets [c]; logits [c, V] the chunk's spent logits: their
         storage takes (onehot - softmax) in the head's dtype for the matmul, as the recompute's
         backward writes its gradient."""
-        scale = temperature if 0 < temperature != 1.0 else 1.0  # d scores / d logits = 1 / T
+        scale = temperature_divisor(temperature)  # d scores / d logits = 1 / scale
         vocab = e.shape[-1]  # V': the policy's rows; the weight's rows beyond it are not in the policy
         tag_slope = e.new_zeros(e.shape[0], self.k)  # [c, k]; 0 for a tag row beyond V'
         part = e.mul_((-1 / Z)[:, None])  # [c, V'] -softmax, in place

@@ -59,7 +59,7 @@ class HeldOut:
             return saved["results"]
         kept = records_file(out.parent, key)
         if "how" in saved and samples_key(saved["how"]) == samples_key(key) and kept.exists():
-            return self.rescored(stage, saved["results"], key, kept)
+            return self.rescored(stage, saved["results"], key, out, kept)
         path = config.model if stage.kind == "given" else str(out.parent / "final")
         model, tokenizer, policy = load_with_policy(config, path, stage.mode, inputs.schema)
         sampling, results, started, kept_records = SamplerSettings.from_flags(config), {}, time.perf_counter(), []
@@ -88,16 +88,16 @@ class HeldOut:
         distributed.barrier("waiting for rank 0 to write eval.json")  # read next on every process
         return results
 
-    def rescored(self, stage: Stage, results: dict, key: dict, kept: Path) -> dict:
+    def rescored(self, stage: Stage, results: dict, key: dict, out: Path, kept: Path) -> dict:
         """The saved `results`, their rewards scored again on the saved responses in `kept`: the samples'
-        settings are this run's, only the rewards it scores differ. Saved under `key`."""
+        settings are this run's, only the rewards it scores differ. Saved in `out` under `key`."""
         rewards, records = run_rewards(self.stages), read_jsonl(kept)
         results = {spec: {k: v for k, v in result.items() if k not in ("rewards", "reward_means")}
                    | held_out_rewards([r for r in records if r["set"] == spec], rewards)
                    for spec, result in results.items()}
         distributed.barrier("waiting for every process to read eval.json")  # before rank 0 rewrites it
         if distributed.is_main():
-            write_json(stage_folder(self.config.out, self.stages, stage) / "eval.json", {"how": key, "results": results})
+            write_json(out, {"how": key, "results": results})
         self.console.print(f"[dim]{stage.name}: its saved responses scored again for the rewards "
                            f"{', '.join(rewards) or '(none)'}, not sampled again[/dim]", highlight=False)
         distributed.barrier("waiting for rank 0 to write eval.json")

@@ -69,7 +69,7 @@ def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | No
     given: a chunked read writes every chunk into one buffer instead of a fresh one each."""
     if vocab_size is not None and vocab_size < logits.shape[-1]:
         logits = logits[..., :vocab_size]  # (a slice costs a full copy in backward: only when needed)
-    scaled = temperature > 0 and temperature != 1.0
+    scaled = temperature_divisor(temperature) != 1.0
     if out is not None and not scores_are_a_view(logits, temperature):  # the same numbers as below, no gradient
         out.copy_(logits)
         return out.div_(temperature) if scaled else out
@@ -83,9 +83,15 @@ def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | No
     return logits
 
 
+def temperature_divisor(temperature: float) -> float:
+    """What `policy_scores` divides the logits by: T, or 1 at T = 0 (greedy reads at T = 1).
+    d scores / d logits is 1 / this."""
+    return temperature if temperature > 0 else 1.0
+
+
 def scores_are_a_view(logits: torch.Tensor, temperature: float) -> bool:
     """Whether `policy_scores` returns a view of `logits` (float32 at T = 0 or 1), writing no new tensor."""
-    return logits.dtype == torch.float32 and not (temperature > 0 and temperature != 1.0)
+    return logits.dtype == torch.float32 and temperature_divisor(temperature) == 1.0
 
 
 # `draw` takes `draw_in_place` from this many vocabulary rows: there its float32 passes over [N, V]
