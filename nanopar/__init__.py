@@ -1,7 +1,7 @@
 """nanopar: teach small Qwen models to think in parallel with reinforcement learning.
 
 Reading order, the README's ("Read the code in this order" says a line per file), first the core:
-one GRPO step, 2,600 lines (to the hundred), in the order a step meets it.
+one GRPO step, 2,700 lines (to the hundred), in the order a step meets it.
   tags.py      the tag schemas (<Parallel> <Path> <Summary>; NPR's <guideline> <plan> <step> <takeaway>)
   trace.py     the lenient reading of a trace into main chain / blocks / paths / summaries, and its stats
   layout.py    the structured ("Unseen") mask and multiverse positions, or causal ("Seen")
