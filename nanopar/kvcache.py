@@ -21,6 +21,7 @@ Not here: what the lanes mean (sampler.py) or which positions their tokens have 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -204,7 +205,10 @@ class _Layer(DynamicLayer):
 
     def __init__(self, owner: LazyLaneCache, index: int, keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
-        self.owner, self.index = owner, index
+        # a weak reference: the owner holds its layers (cache.layers), and a strong one back would make a
+        # cycle that only Python's cyclic collector frees, so a finished sampler call's buffers (GiBs on a
+        # GPU) would stay allocated through the training read after it, until a collection happens to run
+        self.owner, self.index = weakref.proxy(owner), index
         self.keys, self.values, self.is_initialized, self.device = keys, values, True, keys.device
         self.key_buffer, self.value_buffer = keys, values  # [N, H, capacity, D]; keys, values: their first columns
         self.view = keys  # the keys this layer last handed out: anything else in self.keys was set from outside

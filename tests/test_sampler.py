@@ -325,3 +325,40 @@ def test_the_sampler_benchmark_takes_its_flags_from_a_dataclass(capsys, monkeypa
         assert "--" + field.name.replace("_", "-") in text, field.name
     with pytest.raises(SystemExit, match="unknown benchmark speed; choose from throughput"):
         bench.main(["--only", "speed"])
+
+
+@pytest.mark.parametrize("kind", ["lazy", "plain"])
+def test_nothing_of_a_sampler_call_outlives_it_without_the_cyclic_collector(kind):
+    """With the cyclic collector off, the lane cache of a finished call (forks, merges and finished
+    lanes on the way) and every keys/values tensor its layers ever held are freed when `sample`
+    returns: on a GPU they would otherwise stay allocated through the training read after it."""
+    import gc
+    import weakref
+
+    from nanopar.kvcache import LaneCache, LazyLaneCache
+
+    seen = []  # weak references: the lane cache, and every layer buffer it held at any step
+
+    class Watched(LazyLaneCache if kind == "lazy" else LaneCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(weakref.ref(self))
+
+        def appended(self):
+            super().appended()
+            for layer in self.cache.layers:
+                for t in (layer.keys, layer.values, getattr(layer, "key_buffer", layer.keys)):
+                    seen.append(weakref.ref(t))
+
+    model = tag_biased_model(tag_bias=2.5, eos_bias=1.0)
+    settings = SamplerSettings(max_new_tokens=40, max_path_tokens=8, paths=3, seed=0)
+    gc.collect()
+    gc.disable()
+    try:
+        rollouts = sample(model, PROMPTS, Policy(TAGS), settings, eos_ids=[EOS], samples_per_prompt=2,
+                          lane_cache=Watched)
+        alive = sum(ref() is not None for ref in seen)
+    finally:
+        gc.enable()
+    assert sum(r.stats.forks for r in rollouts) > 0 and len(seen) > 100  # the premise: forks and many steps
+    assert alive == 0
