@@ -139,12 +139,12 @@ def test_keys_set_from_outside_the_lazy_layer_become_its_buffers():
     """DynamicLayer's own methods (here `reorder_cache`) replace a layer's keys and values: the
     next step appends to those, as the plain cache's concatenation does, not to the old buffer."""
     g = torch.Generator().manual_seed(3)
-    caches = {}
+    caches, lanes = {}, []  # the lane caches held, as the sampler holds its own (a lazy layer's owner is a weak reference)
     for kind, Cache in CACHES.items():
         caches[kind] = DynamicCache()
         caches[kind].update(torch.randn(3, 2, 4, 5, generator=torch.Generator().manual_seed(4)),
                             torch.randn(3, 2, 4, 5, generator=torch.Generator().manual_seed(5)), 0)
-        Cache(caches[kind], [4, 4, 4])
+        lanes.append(Cache(caches[kind], [4, 4, 4]))
     for step in range(3):
         new = torch.randn(3, 2, 1, 5, generator=g), torch.randn(3, 2, 1, 5, generator=g)
         if step == 1:
