@@ -60,6 +60,12 @@ def rebuilt_rows(old: torch.Tensor, keep: torch.Tensor, extra: list[torch.Tensor
     return out
 
 
+# a step mask's rows lie this many columns apart in memory (a multiple of it): CUDA's memory-efficient
+# attention kernel, the one that takes a mask, first copies a mask whose row stride is not a multiple of 8
+# into a padded one, in every layer of every step
+MASK_ALIGNMENT = 8
+
+
 class LaneCache:
     """The rows of a `DynamicCache` as lanes; `rebuild` copies the new rows at once."""
 
@@ -67,6 +73,7 @@ class LaneCache:
         self.cache = cache  # the model's cache object, passed to every forward
         self.lens = list(lens)  # real tokens per row (right-aligned)
         self.most_columns = most_columns  # the widest a row can grow (None: unknown): the lazy cache's spare columns stop there
+        self._pad = None  # [N] long on the device: padding columns per row (a step keeps them: it adds a column to every row)
         self._mask = None  # [N, columns] the step mask with spare columns; steps keep it, rebuilds reset it
 
     @property
@@ -78,8 +85,11 @@ class LaneCache:
         """New rows: the rows `keep` (in that order, repeats allowed = duplication), then `extra`.
         Rows not kept are freed; shared left padding is trimmed."""
         self.lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
-        self._mask = None
-        self._rebuild_layers(torch.tensor(keep, dtype=torch.long, device=self.device), extra, max(self.lens, default=0))
+        width = max(self.lens, default=0)
+        # the rows to keep and each new row's padding columns: one copy to the device
+        index = torch.tensor(keep + [width - n for n in self.lens], dtype=torch.long, device=self.device)  # [n_keep + N]
+        self._pad, self._mask = index[len(keep) :], None  # [N]
+        self._rebuild_layers(index[: len(keep)], extra, width)
 
     def _rebuild_layers(self, keep: torch.Tensor, extra: list[Piece], width: int) -> None:
         """Every layer's keys and values rebuilt now (`rebuilt_rows`)."""
@@ -110,14 +120,17 @@ class LaneCache:
         if window is None and min(self.lens) == width:
             return None
         if self._mask is None or self._mask.shape[-1] < width + 1 or self._mask.dtype != dtype:
-            columns = torch.arange(width + 1 + max(16, width // 4), device=self.device)  # spare columns
-            pad = width - torch.tensor(self.lens, device=self.device)  # [N] padding columns per row
-            self._mask = torch.zeros(len(self.lens), len(columns), dtype=dtype, device=self.device)
-            self._mask.masked_fill_(columns[None, :] < pad[:, None], torch.finfo(dtype).min)
-        mask = self._mask[:, None, None, : width + 1]
+            if self._pad is None:  # (the first mask of a cache that was never rebuilt)
+                self._pad = torch.tensor([width - n for n in self.lens], device=self.device)  # [N]
+            # spare columns, and every row a multiple of MASK_ALIGNMENT long (an aligned row stride)
+            spare = width + 1 + max(16, width // 4)
+            columns = torch.arange(-(-spare // MASK_ALIGNMENT) * MASK_ALIGNMENT, device=self.device)  # [C]
+            self._mask = torch.zeros(len(self.lens), len(columns), dtype=dtype, device=self.device)  # [N, C]
+            self._mask.masked_fill_(columns[None, :] < self._pad[:, None], torch.finfo(dtype).min)
+        mask = self._mask[:, None, None, : width + 1]  # [N, 1, 1, W+1], strides (C, C, C, 1)
         if window is None:
             return mask
-        sliding = mask.clone()
+        sliding = self._mask.clone()[:, None, None, : width + 1]  # (a clone of the view would drop the alignment)
         sliding[..., : max(0, width + 1 - window)] = torch.finfo(dtype).min
         return {"full_attention": mask, "sliding_attention": sliding}
 

@@ -238,13 +238,13 @@ class _Decoder:
     # --- the loop -------------------------------------------------------------------------
     def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
         settings, policy = self.settings, self.policy
-        logits, lanes = self.prefill(prompts, samples_per_prompt)
+        logits, banned, lanes = self.prefill(prompts, samples_per_prompt)
         while lanes:
             # the trainer's policy, nothing more: no repetition penalty (NPR's engine puts 1.02 on its step
             # branches; the recorded log-probs must be those GRPO's ratio reads, docs/recipes.md)
             tokens, logprobs = draw(logits, policy.temperature, policy.vocab_size, settings.top_k, settings.top_p,
-                                    self.banned(lanes, logits), self.generator, self.scores_buffer(logits))
-            drawn, chosen = tokens.tolist(), logprobs.tolist()
+                                    banned, self.generator, self.scores_buffer(logits))
+            drawn, chosen = self.read_back(tokens, logprobs)
             kept: list[tuple[int, _Lane]] = []  # (the cache row it keeps, the lane), for lanes that go on
             merged: list[tuple[Piece, _Lane]] = []  # (its new cache row, the lane), for blocks merged now
             for row, lane in enumerate(lanes):
@@ -268,7 +268,7 @@ class _Decoder:
                 self.cache.rebuild([row for row, _ in kept], [piece for piece, _ in merged])
             lanes = [lane for _, lane in kept + merged]
             if lanes:
-                logits = self.forward(lanes)
+                logits, banned = self.forward(lanes)
         return [self.finish(r) for r in self.responses]
 
     def prefill(self, prompts, samples_per_prompt):
@@ -301,13 +301,20 @@ class _Decoder:
             _Lane(response=i, state="main", position=len(prompts[p]), pending=-1, out=self.responses[i].tokens)
             for i, p in enumerate(rows)
         ]
-        return out.logits[rows, -1], lanes
+        if out.logits.shape[-1] > 2**24:
+            raise NanoparError(f"the sampler reads token ids back as float32: at most 2^24 ids, not {out.logits.shape[-1]}")
+        self.vocab_rows = out.logits.shape[-1]  # V: the width of `banned`
+        bans = [self.ban(lane) for lane in lanes]
+        return out.logits[rows, -1], self.banned(bans, torch.tensor(bans, device=device)[:, None]), lanes
 
-    def forward(self, lanes: list[_Lane]) -> torch.Tensor:
-        """Feed every lane its pending token. -> logits [N, V]"""
-        device = self.model.device
-        tokens = torch.tensor([[lane.pending] for lane in lanes], device=device)  # [N, 1]
-        positions = torch.tensor([[lane.position] for lane in lanes], device=device)  # [N, 1]
+    def forward(self, lanes: list[_Lane]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed every lane its pending token. -> (logits [N, V], the next draw's bans: `banned`)"""
+        # what the step needs from the host, in one copy to the device (on a GPU each copy waits for the
+        # device): per lane the token it is fed, its position, and the token its next draw may not take
+        bans = [self.ban(lane) for lane in lanes]
+        fed = torch.tensor([[[lane.pending] for lane in lanes], [[lane.position] for lane in lanes], [[b] for b in bans]],
+                           device=self.model.device)  # [3, N, 1]
+        tokens, positions, banned_ids = fed  # [N, 1] each
         out = self.model(
             input_ids=tokens, attention_mask=self.cache.step_mask(self.dtype, self.window), position_ids=positions,
             cache=self.cache.cache, use_cache=True,
@@ -316,7 +323,14 @@ class _Decoder:
         self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes())
         for lane in lanes:
             lane.position += 1
-        return out.logits[:, -1]
+        return out.logits[:, -1], self.banned(bans, banned_ids)
+
+    def read_back(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> tuple[list[int], list[float]]:
+        """The drawn tokens [N] and their float32 log-probs [N] as Python lists, in one copy to the host:
+        the one wait for the device a step makes (the bookkeeping needs the tokens). float32 holds
+        every id below 2^24 exactly (`prefill` checks the vocabulary)."""
+        drawn, chosen = torch.stack([tokens.float(), logprobs.float()]).tolist()  # [2, N]
+        return [int(token) for token in drawn], chosen
 
     # --- one lane, one token ----------------------------------------------------------------
     def advance(self, lane: _Lane, response: _Response, drawn: int, logprob: float) -> bool:
@@ -409,7 +423,7 @@ class _Decoder:
         return [getattr(self.tags, role) for role in self.schema.merge_roles]
 
     def plan_bans(self, response: _Response) -> list[int]:
-        """NPR, in a guideline: a plan beyond `paths`, and </guideline> before the first plan (the
+        """NPR, in a guideline: a plan beyond `paths`, or </guideline> before the first plan (the
         engine forks one branch per plan). Simpler than NPR's engine, which lets the model write
         them and ends the response at a </guideline> after no plan or more than 5 (`check_finished`
         in npr-rl/verl/workers/rollout/sglang_rollout/sglang/python/sglang/srt/managers/
@@ -435,25 +449,25 @@ class _Decoder:
         return self.draw_buffer[: logits.shape[0]]
 
     # --- budgets ------------------------------------------------------------------------------
-    def banned(self, lanes: list[_Lane], logits: torch.Tensor) -> torch.Tensor | None:
-        """[N, V] bool: tags that would break a budget or the schema where a lane stands: the block
+    def ban(self, lane: _Lane) -> int:
+        """The tag that would break a budget or the schema where the lane stands (-1: none): the block
         tag in the main chain once `max_blocks` blocks are open ("after": between </Parallel> and
-        <Summary>, where <Parallel> would open a block too), and NPR's `plan_bans`."""
+        <Summary>, where <Parallel> would open a block too), or NPR's `plan_bans` (one at most)."""
+        response = self.responses[lane.response]
         if self.tags is None:
+            return -1
+        if lane.state in ("main", "after") and response.forks >= self.settings.max_blocks:
+            return self.tags.block_open
+        bans = self.plan_bans(response) if lane.state == "plans" else []
+        return bans[0] if bans else -1
+
+    def banned(self, bans: list[int], ids: torch.Tensor) -> torch.Tensor | None:
+        """The draw's bans: `bans` per lane (`ban`), `ids` [N, 1] the same on the device -> [N, V]
+        bool, None when no lane has one."""
+        if max(bans) < 0:
             return None
-        cells = []  # (row, token id)
-        for i, lane in enumerate(lanes):
-            response = self.responses[lane.response]
-            if lane.state in ("main", "after") and response.forks >= self.settings.max_blocks:
-                cells.append((i, self.tags.block_open))
-            elif lane.state == "plans":
-                cells += [(i, token) for token in self.plan_bans(response)]
-        if not cells:
-            return None
-        banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-        rows, ids = zip(*cells)
-        banned[list(rows), list(ids)] = True
-        return banned
+        banned = torch.zeros(len(bans), self.vocab_rows, dtype=torch.bool, device=ids.device)  # [N, V]
+        return banned.scatter_(1, ids.clamp(min=0), ids >= 0)  # (a lane without a ban writes False)
 
     def finish(self, response: _Response) -> Rollout:
         """Write out a block still in flight (budget spent: its open paths closed), then the rollout."""
