@@ -152,3 +152,25 @@ def test_keys_set_from_outside_the_lazy_layer_become_its_buffers():
                 cache.layers[0].reorder_cache(torch.tensor([2, 0, 1]))
         plain, lazy = (caches[kind].update(*new, 0) for kind in ("plain", "lazy"))
         assert torch.equal(plain[0], lazy[0]) and torch.equal(plain[1], lazy[1])
+
+
+@pytest.mark.parametrize("kind", sorted(CACHES))
+def test_the_step_masks_rows_are_aligned_for_cudas_memory_efficient_kernel(kind):
+    """Every stride of a step mask but the last is a multiple of MASK_ALIGNMENT (8 columns): CUDA's
+    memory-efficient attention kernel takes such a mask as it is, and copies any other into a padded
+    one. Both masks of a sliding window too, across spare columns running out and rebuilds."""
+    from nanopar.kvcache import MASK_ALIGNMENT
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(3, 1, 5, 2), torch.zeros(3, 1, 5, 2), 0)
+    lanes = CACHES[kind](cache, [5, 2, 3])
+    for step in range(30):
+        for window in (None, 4):
+            masks = lanes.step_mask(torch.float32, window)
+            for mask in masks.values() if window else [masks]:
+                assert mask.shape == (3, 1, 1, lanes.width + 1) and mask.stride()[-1] == 1
+                assert all(stride % MASK_ALIGNMENT == 0 for stride in mask.stride()[:-1]), mask.stride()
+        cache.update(torch.zeros(3, 1, 1, 2), torch.zeros(3, 1, 1, 2), 0)
+        lanes.appended()
+        if step == 10:
+            lanes.rebuild([2, 0, 1], [])

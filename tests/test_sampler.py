@@ -362,3 +362,107 @@ def test_nothing_of_a_sampler_call_outlives_it_without_the_cyclic_collector(kind
         gc.enable()
     assert sum(r.stats.forks for r in rollouts) > 0 and len(seen) > 100  # the premise: forks and many steps
     assert alive == 0
+
+
+class _HostTraffic:
+    """Counts, over a sampler call's decode steps (from its first draw on), what a GPU would wait for:
+    tensors made from Python data of one element or more (`torch.tensor`: a copy to the device each;
+    0-dim ones are scalars, passed by value), and values read back (`tolist`; `item`, `bool` of a
+    tensor: `aten._local_scalar_dense`). Also the decode forwards and the rebuilds."""
+
+    def __init__(self, monkeypatch, model):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from nanopar import kvcache
+        from nanopar import sampler as sampler_module
+
+        self.decoding, self.steps, self.rebuilds, self.to_device, self.to_host = False, 0, 0, 0, 0
+        counts = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if counts.decoding and func is torch.ops.aten.lift_fresh.default and args[0].dim() > 0:
+                    counts.to_device += 1
+                if counts.decoding and func is torch.ops.aten._local_scalar_dense.default:
+                    counts.to_host += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        draw, tolist, rebuild = sampler_module.draw, torch.Tensor.tolist, kvcache.LaneCache.rebuild
+
+        def counted_draw(*args, **kwargs):
+            counts.decoding = True
+            return draw(*args, **kwargs)
+
+        def counted_tolist(tensor):
+            counts.to_host += counts.decoding
+            return tolist(tensor)
+
+        def counted_rebuild(cache, keep, extra):
+            counts.rebuilds += counts.decoding
+            return rebuild(cache, keep, extra)
+
+        monkeypatch.setattr(sampler_module, "draw", counted_draw)
+        monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+        monkeypatch.setattr(kvcache.LaneCache, "rebuild", counted_rebuild)
+        model.register_forward_pre_hook(lambda module, args, kwargs: setattr(self, "steps", self.steps + self.decoding),
+                                        with_kwargs=True)
+
+
+@pytest.mark.parametrize("mode", ["structured", "causal"])
+def test_a_decode_step_copies_to_the_device_once_and_reads_back_once(mode, monkeypatch):
+    """On a GPU every copy between host and device waits for the device. A decode step makes one each
+    way: what the lanes are fed (tokens, positions, the tag each may not draw next) before the
+    forward, the drawn tokens and their log-probs after the draw; a rebuild (forks, merges, finished
+    lanes) adds one, its kept rows and their padding. Counted on a CPU, over calls with all of those."""
+    model = tag_biased_model(tag_bias=2.5, eos_bias=1.0)
+    traffic = _HostTraffic(monkeypatch, model)
+    banned = []
+    from nanopar import sampler as sampler_module
+
+    kept_banned = sampler_module._Decoder.banned
+    monkeypatch.setattr(sampler_module._Decoder, "banned",
+                        lambda self, bans, ids: banned.append(max(bans) >= 0) or kept_banned(self, bans, ids))
+    settings = SamplerSettings(max_new_tokens=40, max_path_tokens=8, paths=3, max_blocks=1, seed=0)
+    with traffic.mode:
+        rollouts = sample(model, PROMPTS, Policy(TAGS, mode), settings, eos_ids=[EOS], samples_per_prompt=4)
+    # the premise: many steps, rebuilds, and steps whose draw had bans (max_blocks reached)
+    assert traffic.steps >= 30 and traffic.rebuilds >= 5 and sum(banned) >= 10
+    assert mode == "causal" or sum(r.stats.forks for r in rollouts) >= 5
+    assert traffic.to_device == traffic.steps + traffic.rebuilds
+    assert traffic.to_host == traffic.steps + 1  # one read back per draw (the last one has no forward after it)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("mode", ["structured", "causal"])
+def test_decode_steps_read_each_kv_head_once(arch, mode, monkeypatch):
+    """transformers' sdpa path repeats K and V to every query head when a mask is passed, except for
+    a step of one query per row, where it folds each KV head's query heads into the query length
+    (`pack_gqa`) and the kernel reads each KV head once. The sampler's decode steps are such steps
+    (padded rows, hence a mask, in every call here): K and V are never repeated after the prefill, and
+    every attention kernel of a decode step is handed the KV heads alone."""
+    import transformers.integrations.sdpa_attention as sdpa
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = tiny_qwen_model(arch=arch, vocab_size=V, seed=0)  # 4 query heads, 2 KV heads
+    bias_logits(model, {**dict.fromkeys(TAGS.all(), 2.5), EOS: 1.0})
+    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    assert heads > kv_heads and model.config._attn_implementation == "sdpa"
+    decoding, repeats, kernels = [False], [], []
+    model.register_forward_pre_hook(lambda module, args, kwargs: decoding.__setitem__(0, kwargs["input_ids"].shape[1] == 1),
+                                    with_kwargs=True)
+    repeat_kv = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda states, n: repeats.append(decoding[0]) or repeat_kv(states, n))
+
+    class Kernels(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if decoding[0] and func.__name__.startswith("_scaled_dot_product"):
+                kernels.append((args[1].shape[1], args[2].shape[1], (kwargs or {}).get("attn_mask")))  # (q, k, v, ...)
+            return func(*args, **(kwargs or {}))
+
+    settings = SamplerSettings(max_new_tokens=24, max_path_tokens=6, paths=2, seed=0)
+    with Kernels():
+        sample(model, PROMPTS, Policy(TAGS, mode), settings, eos_ids=[EOS], samples_per_prompt=2)
+    assert repeats and not any(repeats)  # the prefill repeats (prompts of several tokens); no decode step does
+    assert len(kernels) >= 20 and all(k == v == kv_heads for k, v, _ in kernels)
+    assert sum(mask is not None for _, _, mask in kernels) >= 20  # the premise: masked steps
