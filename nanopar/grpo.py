@@ -62,7 +62,8 @@ from . import NanoparError, distributed
 from .data import Problem
 from .forward import TokenBatch, head_read_for, make_batch, micro_batches, trace_logprobs
 from .metrics import rollout_metrics
-from .optim import apply_gradients
+from .optim import apply_gradients, backward
+from .out_of_memory import SAMPLING, phase
 from .policy import Policy
 from .prompts import stop_ids
 from .rewards import response_text, score
@@ -119,12 +120,14 @@ class GRPOSettings:
 
 def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: list[list[int]], policy: Policy,
               sampling: SamplerSettings, settings: GRPOSettings, reward: dict[str, float],
-              reference: Reference | None = None, scheduler=None) -> tuple[list[Rollout], dict]:
-    """One GRPO step on a batch of problems (with their prompt ids). -> (the rollouts, metrics)"""
+              reference: Reference | None = None, scheduler=None, scaler=None) -> tuple[list[Rollout], dict]:
+    """One GRPO step on a batch of problems (with their prompt ids); `scaler` a float16 model's loss
+    scaler (optim.loss_scaler). -> (the rollouts, metrics)"""
     G = settings.group_size
     eos = stop_ids(model, tokenizer)
     started = time.perf_counter()
-    rollouts = sample(model, prompts, policy, sampling, eos, G)  # [B * G], prompt-major
+    with phase(SAMPLING):
+        rollouts = sample(model, prompts, policy, sampling, eos, G)  # [B * G], prompt-major
     sampled = time.perf_counter()
     owners = [problem for problem in problems for _ in range(G)]  # [B * G]
     results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
@@ -141,7 +144,7 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     update = {}
     if learn:
         update = grpo_update(model, optimizer, [rollouts[i] for i in keep], advantages[keep], policy, settings,
-                             tokenizer.pad_token_id or 0, reference, scheduler)
+                             tokenizer.pad_token_id or 0, reference, scheduler, scaler)
     elif scheduler is not None:
         with warnings.catch_warnings():  # torch warns when a schedule moves before any optimiser step: here it is meant
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
@@ -304,7 +307,8 @@ def has_kl_term(reference: Reference | None, settings: GRPOSettings) -> bool:
 
 
 def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Tensor, policy: Policy,
-                settings: GRPOSettings, pad_id: int, reference: Reference | None = None, scheduler=None) -> dict:
+                settings: GRPOSettings, pad_id: int, reference: Reference | None = None, scheduler=None,
+                scaler=None) -> dict:
     """`settings.updates` optimiser steps on one rollout batch. -> metrics of the last step"""
     device = next(model.parameters()).device
     batch = rollout_batch(rollouts, pad_id, device)
@@ -344,12 +348,12 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
             before = new.detach() if old is None else old[j]  # [b, T-1] pi_old
             loss = policy_loss(new, before, advantages[rows], micro.target_mask, divisor, settings.clip,
                                None if ref is None else ref[j], settings.kl_beta, settings.upper_clip, settings.loss_agg)
-            loss.backward()
+            backward(loss, scaler)
             loss_sum += loss.item()
             entropy_sum += (entropy * micro.target_mask).sum().item()
             if update == 0:  # how far the trainer's reading is from the sampler's log-probs (~0 on-policy in fp32)
                 gap += ((before - micro.recorded) * micro.target_mask).abs().sum().item()
-        norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler)  # summed over processes
+        norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler, scaler)  # summed over processes
         metrics = {"loss": distributed.sum_over_ranks(loss_sum), "grad_norm": norm, "skipped_step": skipped,
                    "entropy": distributed.sum_over_ranks(entropy_sum) / tokens_read.item()}  # over the rows read
     metrics["logprob_gap"] = distributed.sum_over_ranks(gap) / tokens_read.item()

