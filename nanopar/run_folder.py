@@ -110,6 +110,8 @@ def saved_run(out: Path) -> tuple[TrainConfig, list[Stage]] | None:
         raise NanoparError(f"{path} is not valid JSON ({error}): fix it, or give this run another --out") from None
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     stage_fields = {f.name for f in dataclasses.fields(Stage)}
+    if saved.get("dtype") == "auto":  # saved before --dtype auto was resolved: a model built from code, on a CPU
+        saved["dtype"] = "float32"  # (real weights had theirs resolved on a CPU; no GPU ran nanopar then)
     config = TrainConfig(**{k: v for k, v in saved.items() if k in fields})
     stages = [Stage(**{k: v for k, v in s.items() if k in stage_fields}) for s in saved.get("resolved_stages", [])]
     return config, stages

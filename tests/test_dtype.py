@@ -166,3 +166,15 @@ def test_a_skipped_step_is_counted_in_the_metrics_and_printed(tmp_path, monkeypa
     assert [m["skipped_step"] for m in steps if "step" in m] == [True, True]
     printed = " ".join(capsys.readouterr().out.split())
     assert "sft step 1: gradient norm nan, not finite: the step was skipped" in printed
+
+
+def test_a_run_folder_saved_with_dtype_auto_resumes(tmp_path, capsys):
+    """A folder whose config.json says "auto" (written before the dtype was resolved; on a CPU, for
+    a built model, float32) is the same run as today's float32 command: its stage is done, not refused."""
+    args = ["--out", str(tmp_path), "--pretrain-data", "", "--stages", "sft", "--sft-steps", "1", "--eval-problems", "0"]
+    train.main(args)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(saved | {"dtype": "auto"}))
+    capsys.readouterr()
+    train.main(args)
+    assert "sft: done already" in " ".join(capsys.readouterr().out.split())
