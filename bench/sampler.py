@@ -31,6 +31,18 @@
    structured, paths 3, budgets 224 / 48, the tags biased so that it forks as a trained model
    does) and on a tiny Qwen with the real 151,936-token vocabulary. The same tokens either way
    (asserted). Target: the lazy one stays the default only where it is >= 1.10x faster.
+8. traffic (only with `--only traffic`: it loads the real model, a few minutes): the sampler's
+   decode steps as they are against the path they replace ("today": two copies to the device per
+   step and one per rebuild for the step mask, the bans written after the forward by indexing
+   with Python lists, two reads back, a step mask whose rows are not 8-column aligned), on
+   Qwen2.5-Coder-0.5B loaded as train.py loads it, --lanes lanes (--lanes / 32 prompts x 32) at a
+   --context-token context (GSM8K chat turns one after another), structured, --tag-bias on
+   <Parallel> and </Path> so that lanes fork, merge and meet the block ban. The same tokens and
+   log-probs (asserted); decode time per step (prefill excluded). A second table gives, per decode
+   step, what a GPU pays for, read from the calls' shapes: KV bytes the attention kernel reads,
+   KV bytes copied into new buffers (rebuilds, and the lazy cache's full buffers), rebuilds,
+   copies to the device and reads back. `--census` runs the new path once, no race (for long
+   --traffic-tokens runs: how often rows are rebuilt). Target: no slower than today.
 Each time is the best of `--repeats` runs after a warm-up. Cache memory is the peak size of the
 keys and values (for `generate`, its final cache). Each row shows the 1-minute load average
 before and after its race: on a shared machine compare rows within one run, and prefer
@@ -50,8 +62,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import MB
+from common import MB, gsm8k_prompts, load_bench_model
+from nanopar import kvcache
+from nanopar import sampler as sampler_module
 from nanopar.config import parse_config
 from nanopar.kvcache import LaneCache, LazyLaneCache
 from nanopar.policy import Policy
@@ -59,18 +74,25 @@ from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import MAX_PATHS, NPR, TagIds, schema_named
 from nanopar.tiny import bias_logits, tiny_qwen_model
 
-BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy", "steps", "rebuild")
+BENCHMARKS = ("throughput", "acceleration", "npr", "fork", "toy", "steps", "rebuild", "traffic")
 
 
 @dataclass
 class BenchConfig:
     quick: bool = False  # smaller sizes (32 new tokens, paths of 32) and one repeat: a smoke run
-    only: str = ",".join(BENCHMARKS)  # comma list of the benchmarks to run: throughput, acceleration, npr, fork, toy, steps, rebuild
+    only: str = ",".join(BENCHMARKS[:-1])  # comma list of the benchmarks to run: throughput, acceleration, npr, fork, toy, steps, rebuild, traffic (the real model: only when named)
     repeats: int = 0  # timed rounds per comparison after the warm-up (0 = 5; 1 with --quick)
     threads: int = 0  # torch threads (0 = torch's default)
     toy_model: str = "runs/default/4-rl-hard/final"  # the toy run's model for benchmark 5 (skipped when missing)
     batches: str = "1,8,32"  # batch sizes of the throughput rows
     clock: str = "wall"  # what a race times: "wall" (perf_counter) or "cpu" (this process's CPU time)
+    model: str = "pypi:qwen2.5-coder-0.5b"  # benchmark 8's model, loaded as train.py loads it (tiny:qwen2: a random tiny one)
+    dtype: str = "auto"  # benchmark 8's dtype: float32, bfloat16 or auto (defaults.cpu_dtype)
+    lanes: int = 64  # benchmark 8: lanes decoded side by side (lanes / 32 prompts x 32 samples: one prefill each)
+    context: int = 600  # benchmark 8: tokens of each lane's context at its last step (prompt = context - traffic tokens)
+    traffic_tokens: int = 32  # benchmark 8: new tokens per response (about the decode steps of a call)
+    tag_bias: float = 12.0  # benchmark 8: logit bias on <Parallel> and </Path> (0: the model's own policy, which writes no tags)
+    census: bool = False  # benchmark 8: one call of the new path, no race: how often rows are rebuilt over a long call
 
 
 PROMPT = 16
@@ -388,6 +410,223 @@ def rebuild_rows(table):
             f"{lazy[0].stats.peak_cache_bytes / MB:.2f} / {plain[0].stats.peak_cache_bytes / MB:.2f}",
         )
 
+# ------------------------------------------------------------------ 8. traffic
+
+
+class TodaysDecoder(sampler_module._Decoder):
+    """The decode step that the sampler's one-copy-each-way step replaced, for benchmark 8: tokens
+    and positions in two copies to the device, the bans built after the forward by indexing with
+    Python lists (on a GPU that copy waits for the forward), tokens and log-probs read back in two."""
+
+    def forward(self, lanes):
+        device = self.model.device
+        tokens = torch.tensor([[lane.pending] for lane in lanes], device=device)  # [N, 1]
+        positions = torch.tensor([[lane.position] for lane in lanes], device=device)  # [N, 1]
+        out = self.model(input_ids=tokens, attention_mask=self.cache.step_mask(self.dtype, self.window),
+                         position_ids=positions, cache=self.cache.cache, use_cache=True)
+        self.cache.appended()
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes())
+        for lane in lanes:
+            lane.position += 1
+        logits = out.logits[:, -1]
+        cells = [(i, ban) for i, lane in enumerate(lanes) if (ban := self.ban(lane)) >= 0]  # (row, token id)
+        if not cells:
+            return logits, None
+        banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+        rows, ids = zip(*cells)
+        banned[list(rows), list(ids)] = True
+        return logits, banned
+
+    def read_back(self, tokens, logprobs):
+        return tokens.tolist(), logprobs.tolist()
+
+
+class TodaysLaneCache(LazyLaneCache):
+    """The lazy lane cache with the rebuild and step mask that were replaced: the kept rows in one copy
+    to the device, the padding per row in another at the next step, mask rows `width // 4 + 16` spare
+    columns long (a row stride that is a multiple of 8 only by chance)."""
+
+    def rebuild(self, keep, extra):
+        self.lens = [self.lens[r] for r in keep] + [piece[0][0].shape[-2] for piece in extra]
+        self._mask = None
+        self._rebuild_layers(torch.tensor(keep, dtype=torch.long, device=self.device), extra, max(self.lens, default=0))
+
+    def step_mask(self, dtype, window=None):
+        width = self.width
+        if min(self.lens) == width:
+            return None
+        if self._mask is None or self._mask.shape[-1] < width + 1 or self._mask.dtype != dtype:
+            columns = torch.arange(width + 1 + max(16, width // 4), device=self.device)
+            pad = width - torch.tensor(self.lens, device=self.device)  # [N]
+            self._mask = torch.zeros(len(self.lens), len(columns), dtype=dtype, device=self.device)
+            self._mask.masked_fill_(columns[None, :] < pad[:, None], torch.finfo(dtype).min)
+        return self._mask[:, None, None, : width + 1]
+
+
+class Traffic(TorchDispatchMode):
+    """What a sampler call's decode steps would move on a GPU, counted from the ops' shapes: KV bytes the
+    attention kernels read, tensors made from Python data (a copy to the device each: 0-dim ones are
+    scalars, passed by value), values read back (`tolist`, `item`). With `counting()`: also the KV bytes
+    the cache's layers copy into new buffers and the rebuilds."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = self.kv_read = self.kv_copied = self.rebuilds = self.to_device = self.tag_rows = self.to_host = 0
+        self.decoding = False  # after the prefill: the counts are the decode steps'
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.decoding and func.__name__.startswith("_scaled_dot_product"):  # (query, key, value, ...)
+            self.kv_read += args[1].nbytes + args[2].nbytes
+        elif self.decoding and func is torch.ops.aten.lift_fresh.default and args[0].dim() > 0:
+            caller = sys._getframe(2)  # (the tag rows' index is made in nanopar/tag_rows.py, every forward)
+            while caller is not None and not caller.f_code.co_filename.endswith("tag_rows.py"):
+                caller = caller.f_back
+            self.to_device += caller is None
+            self.tag_rows += caller is not None
+        elif self.decoding and func is torch.ops.aten._local_scalar_dense.default:
+            self.to_host += 1
+        return func(*args, **(kwargs or {}))
+
+    def counting(self, model):
+        """Patches and hooks that feed the counts (the decode steps start at the first draw); undo with
+        the returned function."""
+        update, rebuild, tolist, draw = kvcache._Layer.update, LazyLaneCache._rebuild_layers, torch.Tensor.tolist, sampler_module.draw
+        traffic = self
+
+        def counted_update(layer, key_states, value_states, *args, **kwargs):
+            buffer = layer.key_buffer
+            keys, values = update(layer, key_states, value_states, *args, **kwargs)
+            if layer.key_buffer is not buffer:  # a new buffer: the filled columns copied, the step's own excepted
+                traffic.kv_copied += (keys.nbytes + values.nbytes) * (keys.shape[-2] - key_states.shape[-2]) // keys.shape[-2]
+            return keys, values
+
+        def counted_rebuild(cache, keep, extra, width):
+            traffic.rebuilds += traffic.decoding
+            return rebuild(cache, keep, extra, width)
+
+        def counted_tolist(tensor):
+            traffic.to_host += traffic.decoding
+            return tolist(tensor)
+
+        def counted_draw(*args, **kwargs):
+            traffic.decoding = True
+            return draw(*args, **kwargs)
+
+        def step(module, args, kwargs):
+            traffic.steps += traffic.decoding
+
+        kvcache._Layer.update, LazyLaneCache._rebuild_layers, torch.Tensor.tolist = counted_update, counted_rebuild, counted_tolist
+        sampler_module.draw = counted_draw
+        hook = model.register_forward_pre_hook(step, with_kwargs=True)
+
+        def undo():
+            kvcache._Layer.update, LazyLaneCache._rebuild_layers, torch.Tensor.tolist = update, rebuild, tolist
+            sampler_module.draw = draw
+            hook.remove()
+        return undo
+
+    def per_step(self) -> dict:
+        n = max(self.steps, 1)
+        return {"KV read MB": self.kv_read / n / MB, "KV copied MB": self.kv_copied / n / MB,
+                "rebuilds": self.rebuilds / n, "copies to the device": self.to_device / n,
+                "(tag rows' copies)": self.tag_rows / n, "reads back": self.to_host / n}
+
+
+def traffic_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
+    """`count` prompts of `length` tokens: GSM8K chat turns one after another, each prompt's last turn
+    its own question."""
+    turns = gsm8k_prompts(tokenizer, count + 16)
+    prompts = []
+    for i in range(count):
+        ids = [t for turn in turns[i : i + 17] for t in turn]
+        if len(ids) < length:
+            raise SystemExit(f"bench/sampler.py: 17 GSM8K turns hold {len(ids)} tokens, fewer than --context asks")
+        prompts.append(ids[-length:])
+    return prompts
+
+
+def traffic_rows(table, config: BenchConfig):
+    """Benchmark 8: today's decode step against the one that replaced it, on the real model.
+    -> the per-step table"""
+    import contextlib
+
+    from nanopar.prompts import stop_ids
+
+    global LOAD
+    from nanopar.tags import TagIds
+
+    console = Console()
+    model, tokenizer, dtype = load_bench_model(config, console)
+    samples = 32
+    if config.lanes % samples or config.traffic_tokens >= config.context:
+        raise SystemExit(f"bench/sampler.py: --lanes must be a multiple of {samples} and --traffic-tokens below --context")
+    prompts_ids = traffic_prompts(tokenizer, config.lanes // samples, config.context - config.traffic_tokens)
+    policy = Policy.for_tokenizer(tokenizer, "structured", 1.0, 0)
+    tags = TagIds.from_tokenizer(tokenizer)
+    if config.tag_bias:
+        bias_logits(model, {tags.block_open: config.tag_bias, tags.path_close: config.tag_bias})
+    settings = SamplerSettings(paths=3, max_new_tokens=config.traffic_tokens, max_path_tokens=max(4, config.traffic_tokens // 4),
+                               max_blocks=1, seed=0)
+    eos = stop_ids(model, tokenizer)
+    prefill_end = []  # CLOCK() at the end of the last prefill: a call's decode time is its end minus this
+    model.register_forward_hook(lambda m, a, k, out: prefill_end.append(CLOCK())
+                                if k["input_ids"].shape[1] > 1 else None, with_kwargs=True)
+    counts = {}  # side -> Traffic of its first call (the race's warm-up: counting slows it)
+    decode = {"new": math.inf, "today": math.inf}  # side -> its fastest decode (seconds, prefill excluded)
+
+    def call(side):
+        decoder, cache = (sampler_module._Decoder, LazyLaneCache) if side == "new" else (TodaysDecoder, TodaysLaneCache)
+        kept, sampler_module._Decoder = sampler_module._Decoder, decoder
+        traffic = Traffic() if side not in counts else None
+        undo = traffic.counting(model) if traffic else None
+        try:
+            with traffic or contextlib.nullcontext():
+                rollouts = sample(model, prompts_ids, policy, settings, eos, samples, lane_cache=cache)
+        finally:
+            sampler_module._Decoder = kept
+            if undo:
+                undo()
+        if traffic:
+            counts[side] = traffic
+        else:
+            decode[side] = min(decode[side], CLOCK() - prefill_end[-1])
+        return rollouts
+
+    before = os.getloadavg()[0]
+    if config.census:
+        rollouts = call("new")
+        LOAD = f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
+    else:
+        (new_time, rollouts), (old_time, old) = race(lambda: call("new"), lambda: call("today"))
+        assert [(r.ids, r.logprobs) for r in rollouts] == [(r.ids, r.logprobs) for r in old]  # the same samples
+    tokens, forks = sum(r.stats.new_tokens for r in rollouts), sum(r.stats.forks for r in rollouts)
+    eos_ended = sum(r.finish == "eos" for r in rollouts)
+    setting = (f"{config.model}, {dtype}, {config.lanes} lanes, {config.context}-token context, {tokens:,} tokens, "
+               f"{forks} forks, {eos_ended} EOS")
+    steps = counts["new"].steps
+    if not config.census:
+        add_row(table, "traffic: whole call (s)", setting, f"{new_time:.2f}", f"{old_time:.2f} today",
+                f"{old_time / new_time:.2f}", ">= 1.0", f"{rollouts[0].stats.peak_cache_bytes / MB:.0f}")
+        add_row(table, "traffic: decode step (ms)", f"{steps} decode steps, prefill excluded",
+                f"{decode['new'] / steps * 1e3:.1f}", f"{decode['today'] / steps * 1e3:.1f} today",
+                f"{decode['today'] / decode['new']:.2f}", ">= 1.0", "")
+    else:
+        add_row(table, "traffic census", setting, f"{steps} decode steps", "", "", "",
+                f"{rollouts[0].stats.peak_cache_bytes / MB:.0f}")
+    per_step = Table(title=f"benchmark 8, per decode step (what a GPU pays for; {model.config.num_attention_heads} query "
+                           f"heads, {model.config.num_key_value_heads} KV heads)")
+    per_step.add_column("side")
+    columns = list(counts["new"].per_step())
+    for column in ["decode steps", *columns]:
+        per_step.add_column(column)
+    for side, traffic in counts.items():
+        values = traffic.per_step()
+        per_step.add_row(side, str(traffic.steps), *(f"{values[c]:.2f}" for c in columns))
+    group = model.config.num_attention_heads // model.config.num_key_value_heads
+    per_step.caption = (f"KV read: the key and value tensors each attention kernel is handed; with K and V repeated to "
+                        f"every query head it would be {group}x, plus the repeat's own copy")
+    return per_step
+
 
 def main(argv: list[str] | None = None):
     global QUICK, REPEATS, NEW_TOKENS, CLOCK
@@ -427,9 +666,12 @@ def main(argv: list[str] | None = None):
             step_rows(table)
         if "rebuild" in chosen:
             rebuild_rows(table)
+        per_step = traffic_rows(table, config) if "traffic" in chosen else None
     table.caption = (f"load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load)}, after "
                      f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.perf_counter() - started:.0f} s")
     Console(width=200).print(table)
+    if per_step is not None:
+        Console(width=200).print(per_step)
 
 
 if __name__ == "__main__":
