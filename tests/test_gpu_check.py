@@ -1,5 +1,7 @@
-"""bench/gpu_check.py: its --quick run on a CPU (the GPU run's code path on a tiny Qwen2 with the real
-tokenizer and vocabulary) measures what its JSON says, and without a GPU the full run refuses in one line."""
+"""bench/gpu_check.py: its --quick run on a CPU (every check of the GPU run, on a tiny Qwen2 with the real
+tokenizer and vocabulary) passes with every check run; a broken check makes the verdict FAIL with
+exit status 1; the memory rows the CPU cannot measure judge the plan as they should; without a GPU
+the full run refuses in one line."""
 
 import json
 import sys
@@ -7,63 +9,89 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, run_script
-from nanopar.policy import Policy
-from nanopar.trace import parse_ids
+from conftest import ROOT
+from nanopar.rewards import REWARDS
 
 sys.path.append(str(ROOT / "bench"))  # as `python bench/gpu_check.py` has it: its helpers beside it
 import gpu_check  # noqa: E402
+import memory_plan  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    """The --quick run: (its JSON, its printed tables)."""
-    out = tmp_path_factory.mktemp("gpu-check") / "quick.json"
-    done = run_script("bench/gpu_check.py", "--quick", "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text()), done.stdout
+NAME = "tiny-qwen2"
+QUICK_CHECKS = ["pre-flight",  # the rows of a --quick run, in order
+                f"{NAME}: log-probs, sampler vs training read, float32", f"{NAME}: lazy and plain lane caches",
+                f"{NAME}: head reads' gradients, chunked vs plain, float32", f"{NAME}: the float32 model freed without gc.collect()",
+                f"{NAME}: 4-bit + LoRA + tag rows loaded", f"{NAME}: log-probs, sampler vs training read, float32, 4-bit",
+                f"{NAME}: head reads' gradients, chunked vs plain, float32, 4-bit",
+                f"{NAME}: cycle 1, sample -> update", f"{NAME}: cycle 1, peak memory vs memory_plan.py",
+                f"{NAME}: cycle 2, sample -> update", f"{NAME}: cycle 2, peak memory vs memory_plan.py",
+                f"{NAME}: an evaluation batch of 4", f"{NAME}: attention kernel", f"{NAME}: prefill vs the floor",
+                f"{NAME}: decode step vs the floor", f"{NAME}: training micro-batch vs the floor",
+                "train.py --trial 2 --checkpoint-every 1, stopped and resumed", "run time"]
 
 
 @pytest.mark.slow
-def test_quick_run_forks_samples_and_trains(quick, qwen_tokenizer):
-    report, printed = quick
-    config, model = report["config"], report["models"]["tiny-qwen2"]
-    B, G, N, K = config["prompts"], config["samples"], config["new_tokens"], config["paths"]
-    runs, ids = model["runs"], model["forked_ids"]
-    assert len(ids) == B * G
-    # the forked responses, read back from their ids with the real tokenizer's tags: blocks of K paths, no stray tag
-    tags = Policy.for_tokenizer(qwen_tokenizer).tag_ids
-    traces = [parse_ids(response, tags) for response in ids]
-    blocks = [block for trace in traces for block in trace.blocks]
-    assert sum(len(block.paths) >= 2 for block in blocks) >= B * G  # about 2 blocks a response at --quick's bias
-    assert all(len(block.paths) == K for block in blocks) and not any(trace.stray for trace in traces)
-    assert runs["forked"]["blocks"] == len(blocks) and runs["forked"]["blocks_2_paths"] == len(blocks)
-    # the token counts are the rollouts' own: every response spent its budget (no EOS), tags inserted on top
-    assert runs["forked"]["tokens"] == sum(map(len, ids)) > runs["forked"]["sampled"] == B * G * N
-    assert runs["sequential"]["tokens"] == runs["generate"]["tokens"] == B * G * N
-    assert 0 < runs["forked"]["critical_path"] < runs["forked"]["tokens"] / (B * G)  # paths side by side
-    for run in ("forked", "sequential", "generate"):
-        assert runs[run]["tokens_per_second"] == pytest.approx(runs[run]["tokens"] / runs[run]["seconds"])
-        assert runs[run]["tokens_per_second"] > 0
-    # the GRPO step moved every LoRA B (A's gradient is 0 while B is 0) and the tag rows, and nothing else
-    step = model["grpo"]
-    layers = 7 * gpu_check.MODELS["tiny-qwen2"]["num_hidden_layers"]  # LoRA'd projections
-    assert step["lora_tensors"] == 2 * layers + 1
-    assert step["lora_tensors_changed"] == layers + 1 and step["lora_max_change"] > 0
-    assert step["read_backward_s"] > 0 and step["optimizer_s"] > 0 and step["reward_s"] > 0
-    assert step["update_s"] == pytest.approx(step["read_backward_s"] + step["optimizer_s"])
-    assert model["plan"] is None and step["peak_mb"] is None  # no plan for the tiny model, no CUDA peak on CPU
-    assert printed.count("tiny-qwen2") >= 3  # its progress lines and a row of each table
-    # the floor part on the 4-bit model: every phase timed against its floor (the 4-bit layers' own)
-    phases = model["floor"]["phases"]
-    assert [p["phase"].split(",")[0] for p in phases] == ["prefill", "prefill", "decode step", "decode step",
-                                                          "training micro-batch"]
-    assert all(p["floor_seconds"] > 0 and p["ratio"] == pytest.approx(p["seconds"] / p["floor_seconds"]) for p in phases)
-    assert phases[-1]["seconds"] > 0  # the training read's, timed directly (the others are differences of two calls)
-    assert "0b. nanopar against the floor" in printed
+def test_quick_run_passes_with_every_check_run(tmp_path, capsys):
+    """`python bench/gpu_check.py --quick` is `sys.exit(main(["--quick"]))`: run here, its imports paid once."""
+    out, rewards = tmp_path / "quick.json", dict(REWARDS)
+    status = gpu_check.main(["--quick", "--out", str(out)])
+    report = json.loads(out.read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert status == 0, report["verdict"]
+    assert [c["name"] for c in report["checks"]] == QUICK_CHECKS
+    assert report["verdict"].startswith("PASS") and report["failed"] == []
+    assert capsys.readouterr().out.strip().splitlines()[-1] == report["verdict"]  # the verdict is the last line printed
+    assert REWARDS == rewards  # the cycles' reward was registered for them only
+    # every check measured something; only the memory rows are n/a, and they say why
+    not_applicable = [name for name, c in checks.items() if c["ok"] is None]
+    assert not_applicable == [f"{NAME}: cycle 1, peak memory vs memory_plan.py", f"{NAME}: cycle 2, peak memory vs memory_plan.py"]
+    assert all("a CPU has no memory fraction" in checks[name]["value"] for name in not_applicable)
+    assert all(c["ok"] is True for name, c in checks.items() if name not in not_applicable)
+    exact = checks[f"{NAME}: log-probs, sampler vs training read, float32"]["figures"]
+    assert exact["blocks"] > 0 and exact["tokens"] > 0 and exact["max"] <= 1e-4  # forked, read back, exact
+    caches = checks[f"{NAME}: lazy and plain lane caches"]["figures"]
+    assert caches["same"] == caches["responses"] > 0
+    for k in (1, 2):  # two GRPO steps: each updated, and its sampler's caches were watched and gone on return
+        cycle = checks[f"{NAME}: cycle {k}, sample -> update"]["figures"]
+        assert cycle["caches"] > 0 and cycle["alive"] == 0 and not cycle["metrics"]["skipped_no_signal"]
+        assert cycle["metrics"]["grad_norm"] > 0 and cycle["blocks"] > 0
+    trial = checks["train.py --trial 2 --checkpoint-every 1, stopped and resumed"]["figures"]
+    assert trial["stopped"] and trial["resumed"] and trial["projected"] and trial["steps"] == [1, 2]
 
 
-def test_without_a_gpu_the_full_run_refuses_in_one_line(monkeypatch, capsys):
+def test_a_broken_check_fails_the_verdict_with_status_1(monkeypatch, tmp_path, capsys):
+    """The trainer's read off by 0.5 a token: the log-prob checks fail and name themselves, the others hold."""
+    read = gpu_check.training_read
+    monkeypatch.setattr(gpu_check, "training_read", lambda *args: (lambda r: (r[0] + 0.5, r[1]))(read(*args)))
+    out = tmp_path / "broken.json"
+    status = gpu_check.main(["--quick", "--only", "exactness", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert status == 1
+    assert report["failed"] == [f"{NAME}: log-probs, sampler vs training read, float32"]
+    assert report["verdict"].startswith("FAIL: 1 of") and report["failed"][0] in report["verdict"]
+    assert capsys.readouterr().out.strip().splitlines()[-1] == report["verdict"]
+
+
+def test_the_memory_rows_judge_the_plan(monkeypatch):
+    """What a GPU run's memory row decides, from figures (no GPU here): within 15% of the plan passes,
+    20% over it fails, reserved memory above the plan's slack fails."""
+    monkeypatch.setattr(gpu_check, "CUDA", True)
+    config = gpu_check.CheckConfig()
+    shape = dict(prompts=8, micro_batch=2, checkpointing=False, longest_prompt=300)
+    plan = memory_plan.predict("qwen2.5-1.5b", prompts=8, samples=8, new_tokens=1024, prompt_tokens=300, paths=2,
+                               micro_batch=2, checkpointing=False)
+    cache = plan["kv_cache"] * 0.8  # the sampler held 80% of the bound
+
+    def judged(scale: float, reserved: float = 1.05) -> bool:
+        sampling = (plan["sampling_peak"] - plan["kv_cache"] + cache) * scale
+        figures = dict(shape, cache=cache, sampling_peak=(sampling, sampling * reserved),
+                       training_peak=(plan["training_peak"] * scale, plan["training_peak"] * scale * reserved))
+        return gpu_check.check_cycle_memory("qwen2.5-1.5b", 1, figures, config).ok
+
+    assert judged(1.0) and judged(0.9) and judged(1.1, reserved=1.0)
+    assert not judged(1.2) and not judged(0.8) and not judged(1.0, reserved=1.2)
+
+
+def test_without_a_gpu_the_full_run_refuses_in_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as stop:
         gpu_check.main([])
