@@ -1,7 +1,7 @@
 """One call that decides whether nanopar is right on a GPU: every check a row, one verdict, exit 0 only if all hold.
 
     python bench/gpu_check.py --out gpu_check.json      # one CUDA GPU, offline: at most 8 minutes on an H100
-    python bench/gpu_check.py --quick --out quick.json  # a CPU: the same checks on a tiny Qwen2, ~1 minute
+    python bench/gpu_check.py --quick --out quick.json  # a CPU: the same checks on a tiny Qwen2, a minute or two
     python bench/gpu_check.py --only exactness,cycles   # some groups of checks (GROUPS); --help: every flag
 
 Nothing is downloaded and nothing large travels: Qwen2.5-1.5B and Qwen3-1.7B are built from their
@@ -174,11 +174,14 @@ class Report:
 
     def __init__(self, config: CheckConfig, device: str, console: Console):
         self.config, self.device, self.console, self.checks = config, device, console, []
+        self.begun = time.perf_counter()
 
     def add(self, check: Check) -> Check:
+        """Record a check, and print it with the seconds since the start (where the run's time goes)."""
+        check.figures["at_seconds"] = at = since(self.begun)
         self.checks.append(check)
         mark = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}[check.ok]
-        self.console.print(f"{mark} {check.name}: {check.value}", highlight=False)
+        self.console.print(f"{at:4.0f} s {mark} {check.name}: {check.value}", highlight=False)
         self.write()
         return check
 
@@ -432,7 +435,7 @@ def check_lane_caches(what: str, model, tokenizer, policy, config: CheckConfig) 
 
 def check_head_gradients(what: str, exact: bool, model, tokenizer, policy, config: CheckConfig) -> Check:
     """The chunked head read's gradients (head.py; the slopes' road for this head) against the plain read's."""
-    _, prompts = gsm8k_prompts(tokenizer, 0, 2)
+    _, prompts = gsm8k_prompts(tokenizer, 0, max(1, config.exact_prompts // 2))  # the plain read's full logits: few rows
     rollouts = sample(model, prompts, policy, SamplerSettings(paths=config.paths, max_new_tokens=config.exact_tokens,
                                                               seed=config.seed), [], 2)
     batch = rollout_batch(rollouts, tokenizer.pad_token_id or 0, model.device)
@@ -812,12 +815,12 @@ def main(argv: list[str] | None = None) -> int:
     CUDA = not config.quick
     device = torch.cuda.get_device_name() if CUDA else f"CPU, {torch.get_num_threads()} threads"
     console = Console(width=200)
-    report, begun = Report(config, device, console), time.perf_counter()
+    report = Report(config, device, console)
     console.print(f"{device}; torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}", highlight=False)
     if report.run("pre-flight", "", lambda: preflight(config)).ok:
         for i, name in enumerate(names):
             check_model(name, i == 0, report, config)
-        seconds = since(begun)
+        seconds = since(report.begun)
         report.add(Check("run time", seconds <= config.budget_seconds, f"{seconds:.0f} s",
                          f"<= {config.budget_seconds:.0f} s", dict(seconds=seconds)))
     console.print(report.table())
