@@ -515,12 +515,14 @@ def card_flags(name: str, card: int | None, config: CheckConfig) -> dict:
     advice = memory_plan.recommend(name, card, plan, memory_plan.STORED["models"][name])
     if advice is None:
         raise RuntimeError(f"memory_plan.py fits {name} on no setting of a {card} GiB card")
+    if advice["checkpointing"]:  # the model is loaded without it: the plan would be read for another model
+        raise RuntimeError(f"memory_plan.py asks for gradient checkpointing on a {card} GiB card, which this check leaves off")
     return dict(prompts=config.prompts or advice["prompts"], micro_batch=config.micro_batch or advice["micro_batch"],
                 checkpointing=advice["checkpointing"])
 
 
 def one_cycle(name: str, k: int, card: int | None, model, tokenizer, policy, optimizer, config: CheckConfig,
-              baseline: int) -> dict:
+              baseline: tuple[int, int]) -> dict:
     """One GRPO step (`grpo_step`, as a run calls it) on the card's flags under its memory fraction;
     its sampler call wrapped to read the sampling peak and what the call left behind. -> figures"""
     flags = card_flags(name, card, config)
@@ -547,8 +549,8 @@ def one_cycle(name: str, k: int, card: int | None, model, tokenizer, policy, opt
         rollouts, metrics = grpo_step(model, tokenizer, optimizer, problems, prompts, policy, sampling, settings,
                                       {"bench_order": 1.0})
     figures.update(seconds=synced() - started, training_peak=peaks(baseline), metrics={
-        k: metrics[k] for k in ("loss", "grad_norm", "skipped_step", "skipped_no_signal", "read_rows", "logprob_gap",
-                                "sample_seconds", "train_seconds") if k in metrics},
+        key: metrics[key] for key in ("loss", "grad_norm", "skipped_step", "skipped_no_signal", "read_rows",
+                                      "logprob_gap", "sample_seconds", "train_seconds") if key in metrics},
         blocks=sum(len(r.trace.blocks) for r in rollouts), longest_prompt=max(map(len, prompts)))
     return figures
 
