@@ -14,12 +14,12 @@ figure the floor is compared with.
     top = profile_top(work, device, k=8)            # the k operations with the most self time, shapes recorded
     report = floor_part(model, tokenizer, FloorSizes(), console)   # nanopar's phases against their floors
 
-`floor_part` is bench/qwen.py's part 0 and bench/gpu_check.py's third check (`from floor import
+`floor_part` is bench/qwen.py's part 0 and bench/gpu_check.py's "floor" group (`from floor import
 ...`: a script's folder is on sys.path): nanopar's prefill, an evaluation batch's prefill, decode
 steps and a training micro-batch, each timed, against its floor, with its peak memory and a
 profile table. Not here: attention's floor (its cost grows with the context; it is in the
 phases' time, not the floor), the optimiser, gradient checkpointing's recomputed forward (in a
-phase's time where the model has it on, as gpu_check's has, never in the floor).
+phase's time where a model has it on, never in the floor).
 """
 
 from __future__ import annotations
