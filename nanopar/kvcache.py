@@ -28,6 +28,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .layout import MASK_ALIGNMENT  # a step mask's rows, as every additive mask's, a multiple of it apart
+
 Piece = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one row [H, n, D]
 
 
@@ -59,11 +61,6 @@ def rebuilt_rows(old: torch.Tensor, keep: torch.Tensor, extra: list[torch.Tensor
         out[:, :, width : width + m] = new
     return out
 
-
-# a step mask's rows lie this many columns apart in memory (a multiple of it): CUDA's memory-efficient
-# attention kernel, the one that takes a mask, first copies a mask whose row stride is not a multiple of 8
-# into a padded one, in every layer of every step
-MASK_ALIGNMENT = 8
 
 
 class LaneCache:

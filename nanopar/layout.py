@@ -162,7 +162,16 @@ def build_layout(
     return Layout(attention_mask=mask, position_ids=positions)
 
 
+# an additive mask's rows lie a multiple of this many columns apart in memory: CUDA's memory-efficient
+# attention kernel, the one that takes a mask, first copies a mask whose row stride is not a multiple of 8
+# into a padded one, in every layer (and again in backward)
+MASK_ALIGNMENT = 8
+
+
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[B, T, T] bool (True = attend) -> [B, 1, T, T] additive mask."""
-    mask = torch.zeros(allowed.shape[0], 1, *allowed.shape[1:], dtype=dtype, device=allowed.device)
+    """[B, T, T] bool (True = attend) -> [B, 1, T, T] additive mask, a view of rows padded to a
+    multiple of MASK_ALIGNMENT columns."""
+    B, T, S = allowed.shape
+    padded = torch.zeros(B, 1, T, -(-S // MASK_ALIGNMENT) * MASK_ALIGNMENT, dtype=dtype, device=allowed.device)
+    mask = padded[..., :S]  # [B, 1, T, S]
     return mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)

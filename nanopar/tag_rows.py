@@ -40,7 +40,7 @@ class RowwiseTagRows(TrainableTokensLayer):
         base = self.base_layer
         result = base(x, *args, **kwargs)
         for name in active_adapters:
-            index = torch.as_tensor(self.token_indices[name], device=result.device)  # [n] tag ids
+            index = self.tag_index(name, result.device)  # [n] tag ids
             rows = self.trainable_tokens_delta[name].to(base.weight)  # [n, d]
             if isinstance(base, torch.nn.Embedding):
                 result = _embed_tag_rows(x, result, index, rows, self._get_embed_scale())
@@ -51,6 +51,15 @@ class RowwiseTagRows(TrainableTokensLayer):
             else:
                 raise ValueError(f"tag rows around a {type(base).__name__}: only an embedding or a linear head")
         return result
+
+
+    def tag_index(self, name: str, device: torch.device) -> torch.Tensor:
+        """[n] adapter `name`'s tag ids on `device`, made once: a new one each forward is a copy to
+        a GPU, which waits for the work queued before it (the head's: the whole decoder's)."""
+        made = self.__dict__.setdefault("tag_indices", {})  # (a layer's class is swapped in: no __init__ of ours)
+        if (name, device) not in made:
+            made[name, device] = torch.as_tensor(self.token_indices[name], device=device)
+        return made[name, device]
 
 
 def _embed_tag_rows(ids: torch.Tensor, embedded: torch.Tensor, index: torch.Tensor, rows: torch.Tensor,

@@ -161,3 +161,24 @@ def test_tags_quoted_in_the_prompt_are_plain_text():
     seen = layout.attention_mask[0, 0] == 0
     assert seen[:n, :n].equal(torch.tril(torch.ones(n, n, dtype=torch.bool)))  # prompt: plain causal
     assert not seen[n + 4 :, n + 1 : n + 4][:4].any()  # the response's second path never sees the first
+
+
+@pytest.mark.parametrize("T", [5, 8, 13])
+def test_the_layouts_mask_rows_are_aligned_in_memory_and_hold_the_same_values(T):
+    """Every stride of the 4D mask but the last is a multiple of MASK_ALIGNMENT (CUDA's memory-efficient
+    kernel otherwise pads a copy in every layer), and its values are those of an unpadded mask built
+    from the same bool pattern, for the sliding variant too."""
+    from nanopar.layout import MASK_ALIGNMENT
+
+    ids = torch.tensor([words(T, 3), words(T, 4)])
+    for window in (None, 3):
+        layout = build_layout(ids, TAGS, "causal", attention_mask=torch.ones(2, T, dtype=torch.long), window=window)
+        masks = [layout.attention_mask] if window is None else list(layout.attention_mask.values())
+        for mask in masks:
+            assert mask.shape == (2, 1, T, T)
+            assert all(stride % MASK_ALIGNMENT == 0 for stride in mask.stride()[:-1]), mask.stride()
+        causal = torch.ones(T, T).tril().bool()
+        if window is not None:
+            causal &= torch.ones(T, T).triu(-(window - 1)).bool()
+        expected = torch.zeros(2, 1, T, T).masked_fill(~causal, torch.finfo(torch.float32).min)
+        assert torch.equal(masks[-1], expected)

@@ -120,8 +120,12 @@ def test_a_training_step_and_a_sampler_call_never_build_a_whole_matrix(monkeypat
         (logprobs * batch.target_mask).sum().backward()
         rows = [p.grad for n, p in model.named_parameters() if "trainable_tokens_delta" in n]
         assert len(rows) == 2 and all(g.abs().sum() > 0 for g in rows), head_read
+    made = []  # the tensors the tag rows' forwards built from their id lists (a copy to a GPU each)
+    real_as_tensor = torch.as_tensor
+    monkeypatch.setattr(torch, "as_tensor", lambda *a, **k: made.append(1) or real_as_tensor(*a, **k))
     rollouts = sample(model, prompts, policy, SamplerSettings(max_new_tokens=12, seed=0), eos_ids=[])
     assert [len(r.ids) for r in rollouts] == [12, 12]
+    assert made == []  # the tag ids made once per device (above), not once a forward (13 here, x 2 layers)
 
 
 def test_a_saved_adapter_loads_with_the_rowwise_forward(tmp_path):
