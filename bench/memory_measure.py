@@ -3,6 +3,7 @@
     python bench/memory_measure.py              # every model (minutes of CPU each), then the plan
     python bench/memory_measure.py --only chunk # the logits-chunk coefficients alone, the rest kept
     python bench/memory_measure.py --model qwen2.5-0.5b --no-check
+    python bench/memory_measure.py --only sequence --dtype float32   # phases as a user's run meets them
 
 Each coefficient is measured at the real layer shapes on a randomly initialised model of the real
 config (no download), built as `load_model` builds it: saved, reloaded 4-bit NF4 with double
@@ -32,6 +33,13 @@ tag rows (`apply_lora`). Only 2 and 4 decoder layers are built: the per-layer sl
   embedding     the input embedding's forward + backward alone (row by row: no [V, d] copy or gradient,
                 which peft's own forward of the tag rows makes)
 
+`--only sequence` measures no coefficient: two GRPO steps (`sample`, then `grpo_update`) and an
+evaluation's sampling, on Qwen2.5-0.5B's shape, in the order a run meets them, three ways side by
+side: nothing freed by hand between phases (a user's run), `gc.collect()` after each (as the
+coefficients are measured), and each sampler call's lane cache held in a reference cycle (what
+only the cyclic collector frees). The first and second agree only when nothing of a phase
+outlives it by a cycle; the third shows what such a cycle would keep.
+
 Each is a peak rise of the resident set (bench/common.py; glibc's mmap threshold fixed at 64 KiB
 so that freed tensors leave the resident set as they leave a GPU allocator), or tensor bytes where
 they are exact. Measured in bfloat16 by default, the GPU's compute dtype: bitsandbytes runs NF4
@@ -54,7 +62,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import hand_back_free_memory, peak_rise
+from common import PeakRSS, hand_back_free_memory, peak_rise
 from memory_plan import (BUILT_LAYERS, CHUNKS, COEFFICIENTS, DEFAULT_CHUNK, MODELS, STORED, PlanConfig,
                          decode_peak, model_names, predict, print_tables, sequence_tokens)
 
@@ -509,10 +517,106 @@ def full_depth_check(dtype: torch.dtype, coefficients: dict, console, rows: int 
     return checks
 
 
+# --- phases as a user's run meets them ---------------------------------------------------------
+def run_sequence(model, tags, vocab: int, console, lanes: int, prompt: int, new: int, between: str
+                 ) -> list[tuple[str, int, int, int]]:
+    """A GRPO step's two phases twice, then an evaluation's sampling, as the runner calls them:
+    `sample` then `grpo_update` (nanopar's own), nothing freed by hand between them. `between`:
+    "nothing" (a user's run), "gc.collect" (the cyclic collector run after each phase, as the
+    coefficients above are measured), or "a cycle" (each sampler call's lane cache kept in a
+    reference cycle, as the lazy cache's layers held it before they pointed back weakly: what the
+    collector alone would free). -> [(phase, peak rise over the start, resident after it, lane
+    caches still alive after it)]"""
+    import weakref
+
+    from nanopar.grpo import GRPOSettings, grpo_update
+    from nanopar.kvcache import LazyLaneCache
+    from nanopar.policy import Policy
+    from nanopar.sampler import SamplerSettings, sample
+
+    alive = []  # weak references to every lane cache a sampler call made
+
+    class Watched(LazyLaneCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            alive.append(weakref.ref(self))
+            if between == "a cycle":
+                self.cache.lanes = self  # the cache object the model holds points back at its lanes
+
+    policy = Policy(tags, "structured", 1.0, vocab)
+    settings = SamplerSettings(paths=2, max_new_tokens=new, max_path_tokens=new, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, tags.block_open, (prompt,), generator=generator).tolist() for _ in range(lanes // 8)]
+    grpo = GRPOSettings(group_size=8, micro_batch=2)
+    start = psutil_rss()
+    rows = []
+
+    def phase(name: str, fn):
+        with PeakRSS() as watch:
+            result = fn()
+        if between == "gc.collect":
+            gc.collect()
+        rows.append((name, watch.peak - start, psutil_rss() - start, sum(ref() is not None for ref in alive)))
+        console.print(f"  {between}: {name}: peak +{rows[-1][1] / 2**20:.0f} MiB, after +{rows[-1][2] / 2**20:.0f} MiB, "
+                      f"lane caches alive {rows[-1][3]} (load {os.getloadavg()[0]:.2f})")
+        return result
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    for step in (1, 2):
+        rollouts = phase(f"step {step}: sampling", lambda: sample(model, prompts, policy, settings, [], 8, Watched))
+        advantages = torch.zeros(len(rollouts))  # one group of 8 with signal: the update reads its rows only
+        advantages[:8] = torch.tensor([1.0, -1.0] * 4)
+        phase(f"step {step}: training read + update",
+              lambda: grpo_update(model, optimizer, rollouts, advantages, policy, grpo, 0))
+        del rollouts
+    phase("evaluation: sampling", lambda: sample(model, prompts * 8, policy, settings, [], 1, Watched))
+    return rows
+
+
+def psutil_rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def measure_sequence(dtype: torch.dtype, console, lanes: int = 64, prompt: int = 400, new: int = 64,
+                     layers: int | None = None) -> dict:
+    """`run_sequence` three ways on Qwen2.5-0.5B's shape (all its layers unless `layers`), each on a
+    model built anew. -> {way: rows}"""
+    name = "qwen2.5-0.5b"
+    vocab = MODELS[name][7] + 6
+    out = {}
+    for between in ("nothing", "gc.collect", "a cycle"):
+        gc.collect()
+        hand_back_free_memory()
+        with log(f"{between}: build {layers or MODELS[name][2]} layers", console):
+            model, tags = build(name, layers or MODELS[name][2], dtype)
+        model.train()
+        with log(f"{between}: two GRPO steps of {lanes} lanes x {prompt} + {new} tokens, then an evaluation", console):
+            out[between] = run_sequence(model, tags, vocab, console, lanes, prompt, new, between)
+        del model
+    gc.collect()
+    return out
+
+
+def print_sequence(console, measured: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="Phases as a user's run meets them (peak / resident after, MiB over the start; lane caches alive)")
+    table.add_column("phase")
+    for way in measured:
+        table.add_column(f"between phases: {way}", justify="right")
+    for i, (name, *_) in enumerate(next(iter(measured.values()))):
+        table.add_row(name, *[f"{rows[i][1] / 2**20:,.0f} / {rows[i][2] / 2**20:,.0f} ({rows[i][3]})"
+                              for rows in measured.values()])
+    console.print(table)
+
+
 # --- the command ---------------------------------------------------------------------------------
 @dataclass
 class MeasureConfig(PlanConfig):
-    only: str = ""  # "chunk" = re-measure the logits-chunk coefficients alone (1-layer builds), the rest kept
+    only: str = ""  # "chunk" = re-measure the logits-chunk coefficients alone (1-layer builds), the rest kept; "sequence" = the phases as a user's run meets them (nothing written)
+    sequence_layers: int = 0  # --only sequence: decoder layers built (0 = all of Qwen2.5-0.5B's 24)
     dtype: str = "bfloat16"  # dtype of the CPU measurement: bfloat16 (the GPU's compute dtype) or float32 (nanopar's CPU path)
     check: bool = True  # also the full-depth check (Qwen2.5-0.5B, all 24 layers)
 
@@ -524,8 +628,8 @@ def main(argv=None):
 
     args = parse_config(MeasureConfig, argv, description=__doc__.splitlines()[0])
     names = model_names(args.model)
-    if args.only not in ("", "chunk"):
-        raise SystemExit(f"bench/memory_measure.py: unknown --only {args.only!r}: use chunk")
+    if args.only not in ("", "chunk", "sequence"):
+        raise SystemExit(f"bench/memory_measure.py: unknown --only {args.only!r}: use chunk or sequence")
     if args.dtype not in ("bfloat16", "float32"):
         raise SystemExit(f"bench/memory_measure.py: unknown --dtype {args.dtype!r}: use bfloat16 or float32")
     console = Console(width=160)
@@ -536,6 +640,10 @@ def main(argv=None):
                   f"load average before: {os.getloadavg()}")
     started = time.perf_counter()
     checks = []
+    if args.only == "sequence":
+        print_sequence(console, measure_sequence(dtype, console, layers=args.sequence_layers or None))
+        console.print(f"measured in {time.perf_counter() - started:.0f} s; load average after: {os.getloadavg()}")
+        return
     if args.only == "chunk":
         measured = {n: STORED["models"][n] | {"chunk": measure_chunk_only(n, dtype, console, args.lora_rank)["chunk"]}
                     for n in names}
