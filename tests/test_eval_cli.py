@@ -309,3 +309,18 @@ def test_each_benchmark_is_prompted_as_its_source_words_the_instructions(tmp_pat
     prompts = {r["benchmark"]: r["prompt"] for r in read_jsonl(out / "samples.jsonl")}
     assert prompts["toy:easy:heldout"].startswith("in parallel\n\nnumbers")
     assert prompts["aime24"].startswith("Work through the problem below")
+
+
+def test_out_of_memory_while_evaluating_is_one_line_naming_the_batch_that_fits(tmp_path, monkeypatch):
+    import torch
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB.  See documentation for Memory")
+
+    monkeypatch.setattr(eval_script, "evaluate", no_room)
+    with pytest.raises(NanoparError) as error:
+        eval_script.main(["--model", "toy:model", "--benchmarks", "toy:easy:heldout", "--limit", "2", "--samples", "4",
+                          "--batch-size", "8", "--out", str(tmp_path)])
+    assert one_line(error) == ("out of memory evaluating toy:easy:heldout, sampling: CUDA out of memory. Tried to "
+                               "allocate 1.50 GiB. -> --batch-size 4 (8 problems x 4 samples a sampler call now); "
+                               "docs/gpu.md, Out of memory")
