@@ -63,7 +63,7 @@ from nanopar.defaults import real_defaults, resolve
 from nanopar.eval_report import decode_rate, forked, group_keys, reward_report, speedup
 from nanopar.evaluation import evaluate, paired_difference, read_from_text, rescore, summarize
 from nanopar.model import load_with_policy
-from nanopar.out_of_memory import torch_said
+from nanopar.out_of_memory import SAMPLING, said
 from nanopar.prompts import instructions_named
 from nanopar.rewards import load_reward_file, parse_reward_spec
 from nanopar.sampler import SamplerSettings
@@ -147,9 +147,9 @@ def run(config: EvalConfig, console: Console) -> dict:
                 found = evaluate(model, tokenizer, problems, policy, settings, config.samples, instructions, config.chat,
                                  config.batch_size, progress=lambda done, task=task: bar.update(task, completed=done))
             except torch.OutOfMemoryError as error:
-                raise NanoparError(f"out of memory evaluating {name}, sampling: {torch_said(error)} -> "
-                                   f"--batch-size {max(config.batch_size // 2, 1)} ({config.batch_size} problems x "
-                                   f"{config.samples} samples a sampler call now); docs/gpu.md, Out of memory") from None
+                raise NanoparError(said(error, f"evaluating {name}", SAMPLING,
+                                        f"--batch-size {max(config.batch_size // 2, 1)} ({config.batch_size} problems "
+                                        f"x {config.samples} samples a sampler call now)")) from None
             metrics = summarize(found, config.pass_k or None) | speed(found, model, tokenizer, problems, policy,
                                                                       settings, instructions, config, console, name)
             summary["benchmarks"][name] = metrics | {"seconds": time.perf_counter() - began}

@@ -62,7 +62,6 @@ def rebuilt_rows(old: torch.Tensor, keep: torch.Tensor, extra: list[torch.Tensor
     return out
 
 
-
 class LaneCache:
     """The rows of a `DynamicCache` as lanes; `rebuild` copies the new rows at once."""
 

@@ -36,6 +36,11 @@ def torch_said(error: BaseException) -> str:
     return lines[0].split(" See documentation")[0].strip() if lines else "(torch gave no message)"
 
 
+def said(error: BaseException, where: str, name: str, todo: str) -> str:
+    """The one line: where and in which phase it ran out, torch's figures, what to do."""
+    return f"out of memory {where}, {name}: {torch_said(error)} -> {todo}; docs/gpu.md, Out of memory"
+
+
 def advice(error: BaseException, where: str, config, resumes_from: str = "", default: str = TRAINING_READ) -> str:
     """One line for a run that ran out of memory in `where` ("rl-easy, step 3"; "sft"): its phase (as
     `phase` named it, else `default`) and torch's figures, then what to do there with `config`'s values."""
@@ -50,4 +55,4 @@ def advice(error: BaseException, where: str, config, resumes_from: str = "", def
     else:
         todo = (f"the same command resumes from {resumes_from} with --micro-batch-tokens {tokens} or "
                 "--gradient-checkpointing (no --restart)")
-    return f"out of memory in {where}, {name}: {torch_said(error)} -> {todo}; docs/gpu.md, Out of memory"
+    return said(error, f"in {where}", name, todo)

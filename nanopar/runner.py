@@ -49,7 +49,7 @@ from .heldout import HeldOut, forget_evaluation
 from .metrics import MetricsLog
 from .model import load_with_policy
 from .optim import loss_scaler, make_optimizer
-from .out_of_memory import EVALUATION, advice, torch_said
+from .out_of_memory import EVALUATION, SAMPLING, advice, said
 from .prompts import stop_ids
 from .rewards import schedule_from_string
 from .run_folder import check_out, check_reuse
@@ -206,9 +206,8 @@ class Runner:
                     raise SystemExit(f"interrupted: {stage.name} kept nothing yet; the same command starts it "
                                      "again") from None
                 except torch.OutOfMemoryError as error:
-                    raise NanoparError(f"out of memory in {stage.name}, sampling: {torch_said(error)} -> it kept "
-                                       "nothing yet; fewer problems a sampler call (--prompts-per-step) or "
-                                       "--max-new-tokens fit it; docs/gpu.md, Out of memory") from None
+                    raise NanoparError(said(error, f"in {stage.name}", SAMPLING, "it kept nothing yet; fewer problems "
+                                            "a sampler call (--prompts-per-step) or --max-new-tokens fit it")) from None
             elif stage.shipped:
                 self.copy_shipped(stage)
             else:
