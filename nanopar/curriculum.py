@@ -112,6 +112,10 @@ class TrainConfig(ScriptConfig):
     # GRPO's batch (and every sampler knob from ScriptConfig)
     prompts_per_step: int = 8  # B: problems per GRPO step
     group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)
+    filter_groups: bool = False  # DAPO's dynamic sampling: drop groups of one reward, draw more prompts until a step holds --prompts-per-step groups with a signal (off in both papers' released runs; nanopar/dynamic_sampling.py)
+    max_draws: int = 4  # with --filter-groups: sampler calls a step may make, its own prompts' included; at the cap it trains on the groups found
+    pool_samples: int = 0  # a GRPO stage's problems filtered by its starting model's own pass rate: sample each N times, keep those whose rewards differ (0 = off; nanopar/pass_rate.py)
+    pool_problems: int = 256  # with --pool-samples: the first N problems of the stage's data that the filter samples (0 = all)
     # optimisation
     lr: float = 5e-5  # RL learning rate (AdamW); at 1e-4 the toy's rl-easy costs hard accuracy (docs/results.md)
     weight_decay: float = 0.0  # AdamW weight decay

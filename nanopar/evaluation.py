@@ -37,6 +37,7 @@ from .sampler import SamplerSettings, sample
 from .rollouts import response_structure, rollout_record
 from .tags import PARALLEL_R1, schema_named
 from .trace import Trace, parse_tagged_ids, parse_trace
+from .variance import split
 
 
 def evaluate(
@@ -144,6 +145,9 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
     (None for one problem); with k = 1 it is the binomial sqrt(p (1 - p) / (n - 1)).
     `per_problem` keeps each problem's accuracy ("source/id" -> correct / samples), so two
     evaluations of the same problems can be compared pair by pair (`paired_difference`).
+    `accuracy_between` / `accuracy_within` split the variance of one response's grade into the
+    spread of the problems' rates and the variance around its own rate (`variance.split`; None
+    for one sample a problem): what more samples a problem would buy.
     `parallel_ratio_se` is the parallel ratio's standard error, problems as the unit likewise.
     `answers_found` / `answers_found_flexible` are the shares of responses in which each reading
     found an answer, `parse_failures` / `parse_failures_flexible` those it could not grade (no
@@ -173,6 +177,7 @@ def summarize(records: list[dict], k: int | None = None) -> dict:
         "accuracy": statistics.fmean(sum(c) / len(c) for c in correct.values()),
         "accuracy_se": _standard_error([sum(c) / len(c) for c in correct.values()]),
         "per_problem": {f"{source}/{id_}": sum(c) / len(c) for (source, id_), c in correct.items()},
+        **_split_of_accuracy(list(correct.values())),
         "accuracy_flexible": statistics.fmean(sum(c) / len(c) for c in flexible.values()) if both else None,
         "answers_found": _share_set(records, "extracted"),
         "answers_found_flexible": _share_set(records, "flexible_extracted") if both else None,
@@ -203,6 +208,13 @@ def paired_difference(before: dict, after: dict) -> tuple[float, float] | None:
         return None
     differences = [b[key] - a[key] for key in shared]
     return statistics.fmean(differences), _standard_error(differences)
+
+
+def _split_of_accuracy(outcomes: list[list[bool]]) -> dict:
+    """accuracy's variance between problems and within a problem (`variance.split`: None for one
+    sample a problem, or problems sampled unequally, as a merged file may hold)."""
+    parts = split(outcomes) if len(set(map(len, outcomes))) == 1 else None
+    return {"accuracy_between": parts and parts["between"], "accuracy_within": parts and parts["within"]}
 
 
 def _standard_error(values: list[float]) -> float | None:

@@ -29,7 +29,8 @@
     whole batch (the released codes step once per mini-batch instead) and there is no dual
     clip (verl bounds a negative advantage's ratio at clip_ratio_c: 3 in Parallel-R1, 10 in NPR);
   - not DAPO, for NPR's format RL too (its code's stage 1 is DAPO): on-policy, so no ratio to
-    clip higher, and an all-equal group is not replaced by fresh samples (no dynamic sampling);
+    clip higher, and an all-equal group is not replaced by fresh samples unless `filter_groups`
+    asks for DAPO's dynamic sampling (dynamic_sampling.py; off, as in both papers' released runs);
   - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
     exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
     (after SFT: the SFT adapter, not the base model; see `Reference`);
@@ -54,12 +55,14 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from . import NanoparError, distributed
 from .data import Problem
+from .dynamic_sampling import Drawn, fill_with_signal
 from .forward import TokenBatch, head_read_for, make_batch, micro_batches, trace_logprobs
 from .metrics import rollout_metrics
 from .optim import apply_gradients, backward
@@ -94,6 +97,8 @@ class GRPOSettings:
     micro_batch_tokens: int = 0  # instead: rows sorted by length, packed so that rows x longest row <= this (0 = off)
     max_grad_norm: float = 1.0  # clip the gradient norm to this (0 = no clipping)
     head_read: str = "auto"  # training read of the LM head: "plain" (log_softmax of full logits), "chunked" (head.py), "auto" (chunked from a large vocabulary)
+    filter_groups: bool = False  # DAPO's dynamic sampling: train on groups with two different rewards, drawing more prompts for them
+    max_draws: int = 4  # with filter_groups: sampler calls a step may make, its own prompts' included
 
     def __post_init__(self):
         head_read_for(self.head_read, 0)  # a clear error now for an unknown read, not at the first update
@@ -101,6 +106,8 @@ class GRPOSettings:
         # PAPO is on-policy (ratio 1, no clip); NPR's released code pins its ratio to 1 whatever its
         # mini-batches (npr-rl/verl/workers/actor/dp_actor.py, update_policy: on_policy = True). A
         # second update here would read pi_old from before the first and clip the ratio.
+        if self.max_draws < 1:
+            raise NanoparError(f"a step makes at least one draw: --max-draws {self.max_draws} is below 1")
         if self.drop_invalid and self.updates != 1:
             raise NanoparError(f"PAPO (a stage that drops invalid rollouts) is on-policy, ratio 1 and no clip: "
                                f"it needs --updates 1, not {self.updates}")
@@ -120,19 +127,36 @@ class GRPOSettings:
 
 def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: list[list[int]], policy: Policy,
               sampling: SamplerSettings, settings: GRPOSettings, reward: dict[str, float],
-              reference: Reference | None = None, scheduler=None, scaler=None) -> tuple[list[Rollout], dict]:
+              reference: Reference | None = None, scheduler=None, scaler=None,
+              more: Callable[[int], tuple[list[Problem], list[list[int]], SamplerSettings]] | None = None,
+              ) -> tuple[list[Rollout], dict]:
     """One GRPO step on a batch of problems (with their prompt ids); `scaler` a float16 model's loss
-    scaler (optim.loss_scaler). -> (the rollouts, metrics)"""
+    scaler (optim.loss_scaler). With `settings.filter_groups` (DAPO's dynamic sampling,
+    dynamic_sampling.py) `more(d)` gives the problems, prompt ids and sampler settings of the step's
+    d-th extra draw, and the step trains on the first len(problems) groups that carry a signal.
+    -> (every rollout sampled, draw after draw; metrics)"""
     G = settings.group_size
     eos = stop_ids(model, tokenizer)
     started = time.perf_counter()
-    with phase(SAMPLING):
-        rollouts = sample(model, prompts, policy, sampling, eos, G)  # [B * G], prompt-major
+
+    def sample_scored(problems, prompts, sampling) -> Drawn:  # G responses to each prompt, each scored
+        with phase(SAMPLING):
+            rollouts = sample(model, prompts, policy, sampling, eos, G)  # [B * G], prompt-major, forked at <Parallel>
+        owners = [problem for problem in problems for _ in range(G)]  # [B * G]
+        return Drawn(problems, rollouts, [score(reward, response_text(r, tokenizer, eos), r.trace, p)
+                                          for r, p in zip(rollouts, owners)])
+
+    drawn = trained = sample_scored(problems, prompts, sampling)
+    filtered = {}
+    if settings.filter_groups:  # DAPO's dynamic sampling: drop the groups of one reward, draw more prompts
+        if more is None:
+            raise NanoparError("a step that filters its groups needs the problems of its further draws (`more`)")
+        trained, drawn, filtered = fill_with_signal(drawn, lambda d: sample_scored(*more(d)), len(problems), G,
+                                                    settings.max_draws, settings.drop_invalid)
     sampled = time.perf_counter()
-    owners = [problem for problem in problems for _ in range(G)]  # [B * G]
-    results = [score(reward, response_text(r, tokenizer, eos), r.trace, p) for r, p in zip(rollouts, owners)]
+    rollouts, results = trained.rollouts, trained.results  # [B * G] (fewer groups: a filter's cap reached)
     rewards = torch.tensor([result.total for result in results])  # [B * G]
-    kept = torch.tensor([result.layout_ok or not settings.drop_invalid for result in results])  # [B * G]
+    kept = torch.tensor([result.layout_ok or not settings.drop_invalid for result in results], dtype=bool)  # PAPO
     advantages = group_advantages(rewards, G, settings.advantage, kept, settings.unbiased_std)  # [B * G], 0 where dropped
     keep = kept.nonzero().flatten().tolist()
     # every kept advantage 0 and no KL term: the loss and its gradient are 0, so skip the forward and
@@ -149,14 +173,16 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
         with warnings.catch_warnings():  # torch warns when a schedule moves before any optimiser step: here it is meant
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             scheduler.step()
-    trained = time.perf_counter()
-    every_rollout, every_result = whole_step(rollouts, results, G)  # the step's numbers: every process's rollouts
+    updated = time.perf_counter()
+    # the step's numbers are over everything sampled (every draw is a random batch of problems), under
+    # torchrun every process's rollouts
+    every_rollout, every_result = whole_step(drawn.rollouts, drawn.results, G)
     tokens = sum(r.stats.new_tokens for r in every_rollout)  # under torchrun: over rank 0's sampling time
-    return rollouts, rollout_metrics(every_rollout, every_result, G) | update | {
+    return drawn.rollouts, rollout_metrics(every_rollout, every_result, G) | update | filtered | {
         "reward_spec": reward, "dropped_invalid": sum(settings.drop_invalid and not res.layout_ok for res in every_result),
         "skipped_no_signal": not learn,  # no update: nothing kept, or every advantage 0
-        "paid": [result.total for result in results],  # [B * G] each rollout's reward (runner.py saves it with --save-rollouts)
-        "sample_seconds": sampled - started, "train_seconds": trained - sampled,
+        "paid": [result.total for result in drawn.results],  # each rollout's reward (runner.py saves it with --save-rollouts)
+        "sample_seconds": sampled - started, "train_seconds": updated - sampled,  # sampling with its scoring
         "tokens_per_second": tokens / max(sampled - started, 1e-9),
         "kv_cache_mb": max(r.stats.peak_cache_bytes for r in every_rollout) / 2**20,  # the sampler's batched cache
     }

@@ -27,8 +27,9 @@ from pathlib import Path
 from . import distributed
 from .curriculum import Stage, TrainConfig, stage_folder
 from .data import read_json, read_jsonl, write_json, write_jsonl
-from .evaluation import evaluate, rescore, summarize
+from .evaluation import evaluate, summarize
 from .metrics import MetricsLog
+from .pass_rate import rewards_by_problem
 from .model import load_with_policy
 from .policy import Policy
 from .prompts import build_prompt
@@ -37,6 +38,7 @@ from .run_inputs import RunInputs
 from .sampler import SamplerSettings
 from .sft import response_loglikelihood
 from .show import progress
+from .variance import split
 
 
 class HeldOut:
@@ -92,7 +94,7 @@ class HeldOut:
         """The saved `results`, their rewards scored again on the saved responses in `kept`: the samples'
         settings are this run's, only the rewards it scores differ. Saved in `out` under `key`."""
         rewards, records = run_rewards(self.stages), read_jsonl(kept)
-        results = {spec: {k: v for k, v in result.items() if k not in ("rewards", "reward_means")}
+        results = {spec: {k: v for k, v in result.items() if k not in ("rewards", "reward_means", "reward_splits")}
                    | held_out_rewards([r for r in records if r["set"] == spec], rewards)
                    for spec, result in results.items()}
         distributed.barrier("waiting for every process to read eval.json")  # before rank 0 rewrites it
@@ -116,17 +118,18 @@ class HeldOut:
 
 
 def held_out_rewards(records: list[dict], rewards: list[str]) -> dict:
-    """{"rewards": {reward spec: {problem: mean reward of its samples}}, "reward_means": {spec: mean}}
-    of the evaluated responses, each reward as GRPO scores it (`evaluation.rescore`)."""
+    """{"rewards": {reward spec: {problem: mean reward of its samples}}, "reward_means": {spec: mean},
+    "reward_splits": {spec: its variance between and within problems (`variance.split`)}} of the
+    evaluated responses, each reward as GRPO scores it (`evaluation.rescore`)."""
     if not rewards:
         return {}
     per_problem: dict[str, dict[str, float]] = {}
+    splits: dict[str, dict | None] = {}
     for reward in rewards:
-        totals: dict[str, list[float]] = {}
-        for record, result in zip(records, rescore(records, reward)):
-            totals.setdefault(f"{record['source']}/{record['id']}", []).append(result.total)
+        totals = rewards_by_problem(records, reward)
         per_problem[reward] = {problem: sum(t) / len(t) for problem, t in totals.items()}
-    return {"rewards": per_problem,
+        splits[reward] = split(list(totals.values())) if len(set(map(len, totals.values()))) == 1 else None
+    return {"rewards": per_problem, "reward_splits": splits,
             "reward_means": {reward: sum(m.values()) / len(m) for reward, m in per_problem.items()}}
 
 

@@ -40,7 +40,8 @@ OPTIMISER = ("warmup_steps", "weight_decay", "max_grad_norm")
 RESULT_FLAGS = {  # by kind of stage: the flags besides its recipe entry that change what it makes
     "sft": MODEL + OPTIMISER + ("sft_batch", "sft_schedule", "tag_lr_scale"),
     "grpo": MODEL + SAMPLING + OPTIMISER + ("prompts_per_step", "group_size", "unbiased_std", "updates", "clip", "clip_high",
-                                            "loss_agg", "kl_beta"),
+                                            "loss_agg", "kl_beta", "filter_groups", "max_draws", "pool_samples",
+                                            "pool_problems"),
     "distill": MODEL + SAMPLING + ("distill_problems",),
 }
 PER_STAGE = ("reward_file",)  # flags only some stages read: `stage_settings` adds them to those

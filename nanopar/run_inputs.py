@@ -112,19 +112,25 @@ class RunInputs:
     def prompt(self, problem: Problem, tokenizer, stage: Stage, instructions: str | None = None) -> list[int]:
         """The prompt ids of a problem, with the stage's instructions (or the named ones) as the
         stage's data source words them."""
-        text = instructions_named(instructions or stage.instructions, stage.data or stage.traces, self.schema)
-        return build_prompt(problem, tokenizer, text, chat=self.config.chat)
+        return build_prompt(problem, tokenizer, self.instructions(stage, instructions), chat=self.config.chat)
 
-    def batch_of_step(self, items: list, count: int, stage: Stage, step: int) -> list:
+    def instructions(self, stage: Stage, name: str | None = None) -> str:
+        """The text before each question of a stage: its instructions (or the named ones) as the
+        stage's data source words them."""
+        return instructions_named(name or stage.instructions, stage.data or stage.traces, self.schema)
+
+    def batch_of_step(self, items: list, count: int, stage: Stage, step: int, stream: str = "") -> list:
         """The `count` items step `step` trains on: a seeded shuffle per epoch, so a resumed run
-        takes the same ones."""
+        takes the same ones. Another `stream` ("more": --filter-groups' further draws) shuffles the
+        same items otherwise."""
         orders = {}  # epoch -> its shuffled order, drawn once per call (a step spans one or two epochs)
         picked = []
         for position in range(step * count, (step + 1) * count):
             epoch, index = divmod(position, len(items))
             if epoch not in orders:
                 orders[epoch] = list(range(len(items)))
-                random.Random(f"{self.config.seed}/{stage.name}/{epoch}").shuffle(orders[epoch])
+                random.Random(f"{self.config.seed}/{stage.name}/{stream + '/' if stream else ''}{epoch}").shuffle(
+                    orders[epoch])
             picked.append(items[orders[epoch][index]])
         return picked
 

@@ -50,6 +50,7 @@ from .metrics import MetricsLog
 from .model import load_with_policy
 from .optim import loss_scaler, make_optimizer
 from .out_of_memory import EVALUATION, SAMPLING, advice, said
+from .pass_rate import signal_pool
 from .prompts import stop_ids
 from .rewards import schedule_from_string
 from .run_folder import check_out, check_reuse
@@ -157,6 +158,12 @@ class Runner:
         torchrun this process's whole groups), rewarded as the stage's schedule says at that step."""
         config, reference = self.config, None
         problems, schedule = self.inputs.problems(stage.data), schedule_from_string(stage.reward)
+        if config.pool_samples:  # only the problems its starting model solves some of the time (pass_rate.py)
+            start = self.input_model(stage)
+            problems = signal_pool(config, stage, problems, self.folder(stage), start,
+                                   lambda: load_with_policy(config, start, stage.mode, self.schema) if resumed
+                                   else (model, tokenizer, policy), self.inputs.instructions(stage), self.log,
+                                   self.console)
         if config.kl_beta > 0:  # the KL reference: the policy at the start of the stage, also when resuming
             start = load_with_policy(config, self.input_model(stage), stage.mode, self.schema)[0] if resumed else None
             reference = Reference(model, None if start is None else
@@ -165,14 +172,26 @@ class Runner:
         settings = GRPOSettings.from_flags(config, stage)
 
         def one_step(step: int) -> dict:
-            batch = distributed.share(self.inputs.batch_of_step(problems, config.prompts_per_step, stage, step))
-            prompts = [self.inputs.prompt(problem, tokenizer, stage) for problem in batch]
-            sampling = SamplerSettings.from_flags(config, seed=sampling_seed(config.seed, stage, step))
-            rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling,
-                                          settings, schedule.spec(step), reference, scheduler, scaler)
+            drawn = []  # the problems of each draw: the step's own, then --filter-groups' further ones
+
+            def draw(number: int) -> tuple[list, list, SamplerSettings]:
+                # draw 0 takes the step's problems; draw d > 0 the next batch of a second shuffle of the
+                # pool, (max_draws - 1) batches reserved per step, so a resumed step draws the same ones
+                batch = distributed.share(self.inputs.batch_of_step(problems, config.prompts_per_step, stage, step)
+                                          if number == 0 else self.inputs.batch_of_step(
+                                              problems, config.prompts_per_step, stage,
+                                              step * (config.max_draws - 1) + number - 1, stream="more"))
+                drawn.append(batch)
+                return (batch, [self.inputs.prompt(problem, tokenizer, stage) for problem in batch],
+                        SamplerSettings.from_flags(config, seed=sampling_seed(config.seed, stage, step, number)))
+
+            batch, prompts, sampling = draw(0)
+            rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling, settings,
+                                          schedule.spec(step), reference, scheduler, scaler, more=draw)
             paid = metrics.pop("paid")  # [B * G] one number per rollout: saved below, not logged
             if config.save_rollouts:
-                self.save_rollouts(stage, step, rollouts, batch, paid, metrics["reward_spec"], model, tokenizer)
+                self.save_rollouts(stage, step, rollouts, [p for batch in drawn for p in batch], paid,
+                                   metrics["reward_spec"], model, tokenizer)
             if config.sample_every and (step + 1) % config.sample_every == 0:
                 self.console.print(trace_tree(rollouts[0], tokenizer, title=f"{stage.name} step {step + 1}"))
             return metrics
@@ -309,6 +328,9 @@ def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runne
     (`RunInputs.check`)."""
     stages = recipe(config)
     chosen = select(stages, config.stages)
+    if config.filter_groups and distributed.active():
+        raise NanoparError("--filter-groups runs in one process only: under torchrun each process would draw "
+                           "its own extra prompts and hold a different number of groups; leave it out there")
     runner = Runner(config, stages, console)
     for note in runner.inputs.check(chosen):  # how many traces are parallel where they should be
         runner.console.print(note, markup=False, highlight=False, soft_wrap=True)
@@ -319,12 +341,13 @@ def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runne
     return runner, chosen
 
 
-def sampling_seed(seed: int, stage: Stage, step: int) -> int:
-    """The seed of a GRPO step's sampling, from (--seed, stage, step): one stream per process
-    under torchrun (rank r > 0 adds "/rank-r"; rank 0's is the single process's), so a run repeats
-    for a given N."""
+def sampling_seed(seed: int, stage: Stage, step: int, draw: int = 0) -> int:
+    """The seed of a GRPO step's sampling, from (--seed, stage, step, and --filter-groups' draw after
+    the first): one stream per process under torchrun (rank r > 0 adds "/rank-r"; rank 0's is the
+    single process's), so a run repeats for a given N."""
     rank = distributed.rank()
-    return random.Random(f"{seed}/{stage.name}/sample/{step}" + (f"/rank-{rank}" if rank else "")).randrange(2**31)
+    return random.Random(f"{seed}/{stage.name}/sample/{step}" + (f"/draw-{draw}" if draw else "")
+                         + (f"/rank-{rank}" if rank else "")).randrange(2**31)
 
 
 def _brief(metrics: dict) -> str:

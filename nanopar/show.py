@@ -128,7 +128,7 @@ def metric_cell(value, kind: str) -> str:
         return " ".join(f"{n}:{share * 100:.0f}" if share >= 0.005 else f"{n}:<1" for n, share in value.items())
     if not isinstance(value, (int, float)):
         return "-"
-    return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "count": f"{value:,.0f}"}[kind]
+    return {"rate": f"{value:.1%}", "number": f"{value:.2f}", "fine": f"{value:.3f}", "count": f"{value:,.0f}"}[kind]
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Row:
 
     key: str  # its key in evaluation.summarize's dict (or in eval.py's speed numbers)
     name: str  # row name in eval.py's results table and --compare ("@k" becomes the k used)
-    kind: str  # how metric_cell writes it: "rate", "number", "count" or "shares"
+    kind: str  # how metric_cell writes it: "rate", "number", "fine" (3 decimals), "count" or "shares"
     stage: str = ""  # row name in train.py's table of stages ("" = not there)
     brief: str = ""  # column head in eval.py's line per finished benchmark ("" = not there)
     optional: bool = False  # train.py's table shows it only where some stage has a value
@@ -148,6 +148,8 @@ METRIC_ROWS = [  # in the order every table shows them
     Row("samples", "responses", "count"),
     Row("accuracy", "mean@k (accuracy)", "rate", stage="accuracy", brief="mean@k"),  # the strict reading
     Row("accuracy_se", "  standard error", "rate", stage="accuracy SE"),  # problems as the unit
+    Row("accuracy_between", "  variance between problems", "fine"),  # of one grade: variance.split
+    Row("accuracy_within", "  variance within a problem", "fine"),
     Row("accuracy_flexible", "  flexible reading", "rate", brief="flexible"),  # + "#### N", the last number
     Row("answers_found", "answers found (strict)", "rate", stage="answers found"),
     Row("answers_found_flexible", "answers found (flexible)", "rate"),

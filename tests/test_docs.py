@@ -411,11 +411,15 @@ def test_the_grpo_step_the_readme_shows_is_grpo_steps_own_code_and_names_what_it
         assert ast.unparse(statement) in own, f"not a line of grpo_step: {ast.unparse(statement)}"
         bound = {n.id for c in ast.walk(statement) if isinstance(c, ast.comprehension) for n in ast.walk(c.target)
                  if isinstance(n, ast.Name)}  # a comprehension's own variables
+        if isinstance(statement, ast.FunctionDef):  # a helper written inside grpo_step: its arguments and locals
+            bound |= {a.arg for a in statement.args.args} | {n.id for n in ast.walk(statement)
+                                                              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         read = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         for name in read - bound - assigned - set(vars(grpo)) - set(dir(builtins)):
             assert name in arguments, f"the README's GRPO step reads {name!r} and never defines it"
             assert f"`{name}`" in before, f"the README's GRPO step reads the argument {name!r} and does not name it"
         assigned |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        assigned |= {statement.name} if isinstance(statement, ast.FunctionDef) else set()
 
 
 def test_the_readmes_reward_example_pays_on_the_toy_what_accuracy_does_not(tmp_path, registry):

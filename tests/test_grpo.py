@@ -425,13 +425,13 @@ def test_a_runs_grpo_settings_are_its_flags_and_its_stage_never_grpo_settings_ow
     assert fields <= {f.name for f in dataclasses.fields(TrainConfig)} | {f.name for f in dataclasses.fields(Stage)}
     config = train.resolved_config(["--updates", "2", "--clip", "0.3", "--kl-beta", "0.1", "--max-grad-norm", "0.5",
                                     "--head-read", "plain", "--clip-high", "0.28", "--loss-agg", "seq-mean-token-mean",
-                                    "--unbiased-std"])[0]
+                                    "--unbiased-std", "--filter-groups", "--max-draws", "3"])[0]
     rl_easy = next(s for s in recipe(config) if s.name == "rl-easy")
     settings = GRPOSettings.from_flags(config, dataclasses.replace(rl_easy, advantage="batch"))
     assert dataclasses.asdict(settings) == {
         "group_size": 16, "drop_invalid": False, "advantage": "batch", "unbiased_std": True, "updates": 2, "clip": 0.3, "clip_high": 0.28,
         "loss_agg": "seq-mean-token-mean", "kl_beta": 0.1, "micro_batch": 16, "micro_batch_tokens": 0,
-        "max_grad_norm": 0.5, "head_read": "plain"}
+        "max_grad_norm": 0.5, "head_read": "plain", "filter_groups": True, "max_draws": 3}
     # drop_invalid from the stage too (PAPO: with one update a batch, tests below)
     papo = dataclasses.replace(rl_easy, drop_invalid=True)
     assert GRPOSettings.from_flags(dataclasses.replace(config, updates=1), papo).drop_invalid
