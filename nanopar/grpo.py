@@ -135,6 +135,8 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     dynamic_sampling.py) `more(d)` gives the problems, prompt ids and sampler settings of the step's
     d-th extra draw, and the step trains on the first len(problems) groups that carry a signal.
     -> (every rollout sampled, draw after draw; metrics)"""
+    if settings.filter_groups and more is None:
+        raise NanoparError("a step that filters its groups needs the problems of its further draws (`more`)")
     G = settings.group_size
     eos = stop_ids(model, tokenizer)
     started = time.perf_counter()
@@ -149,8 +151,6 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     drawn = trained = sample_scored(problems, prompts, sampling)
     filtered = {}
     if settings.filter_groups:  # DAPO's dynamic sampling: drop the groups of one reward, draw more prompts
-        if more is None:
-            raise NanoparError("a step that filters its groups needs the problems of its further draws (`more`)")
         trained, drawn, filtered = fill_with_signal(drawn, lambda d: sample_scored(*more(d)), len(problems), G,
                                                     settings.max_draws, settings.drop_invalid)
     sampled = time.perf_counter()

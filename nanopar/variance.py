@@ -2,7 +2,8 @@
 
 An evaluation of n problems at k samples each reports the mean of the problems' means. Each
 problem i has its own rate p_i; one sample's outcome varies around it by s_i^2 (p_i (1 - p_i) for
-a 0/1 grade), so the reported mean varies by
+a 0/1 grade), so over problems drawn from a population (a benchmark's: problems as the unit, as
+`evaluation.summarize`'s standard error takes them) the reported mean varies by
 
     var(mean) = (between + within / k) / n      between = var over problems of p_i
                                                 within  = mean over problems of s_i^2
