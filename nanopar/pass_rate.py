@@ -95,7 +95,7 @@ def signal_pool(config, stage, problems: list[Problem], folder: Path, source: st
         rewards = rewards_by_problem(records, spec)
         save_pool(folder, key, rewards, records, time.perf_counter() - started)
         log.write({"stage": stage.name, "event": "pool", "seconds": time.perf_counter() - started,
-                   "problems": len(pool), "samples": config.pool_samples})
+                   "problems": len(pool), "available": len(problems), "samples": config.pool_samples})
     missing = [p.id for p in pool if f"{p.source}/{p.id}" not in rewards]
     if missing:
         raise NanoparError(f"{folder / POOL}: no rewards for {len(missing)} of its problems ({missing[0]}, ...): "

@@ -7,9 +7,11 @@ projected from what the trial measured (`train.py --trial N`).
 
 A stage of the trial runs its first N steps with the run's own batch, lengths and memory
 settings, so its steps cost what the run's will, and an evaluation samples one full --eval-batch,
-so its peak memory is the run's too. The projection of a training stage is its fixed cost (the
-stage's time less its steps': loading, the final save) plus the median step times the run's
-steps; of an evaluation, its time per sampler call times the run's calls. A lower bound where a
+so its peak memory is the run's too; a stage's pass-rate pool (--pool-samples) samples one sampler
+call's problems. The projection of a training stage is its fixed cost (the stage's time less its
+steps' and its pool's: loading, the final save) plus its pool's time per problem times the run's
+pool, plus the median step times the run's steps; of an evaluation, its time per sampler call
+times the run's calls. A lower bound where a
 stage samples from a model that trimmed stages trained less than the run's will be (a cold start of
 N steps writes shorter answers, with fewer blocks to fork): the table shows the trial's response
 lengths beside the budget (docs/gpu.md, "The first hour", compares a trial with its run). Not projected: the
@@ -36,8 +38,11 @@ def trim(config, argv: list[str], steps: int) -> tuple[object, dict]:
     if steps < 1:
         raise NanoparError(f"--trial must be >= 1 steps a stage, not {steps}")
     full, changed = dataclasses.replace(config), {}
+    pool_call = max(1, config.prompts_per_step * config.group_size // max(config.pool_samples, 1))  # pass_rate.py's
     for field, value in [(name, min(getattr(config, name), steps)) for name in TRIMMED] + [
             ("eval_problems", min(config.eval_problems, config.eval_batch)),
+            ("pool_problems", min(config.pool_problems or pool_call, pool_call) if config.pool_samples
+             else config.pool_problems),  # --pool-samples: one sampler call of the pool
             ("out", config.out if "out" in flags_given(argv) else f"{config.out}-trial")]:
         if getattr(config, field) != value:
             setattr(config, field, value)
@@ -55,15 +60,18 @@ def projection(full, trial_stages, full_stages, records: list[dict]) -> list[dic
         steps = [r for r in lines if "step" in r]
         done = next((r["seconds"] for r in lines if r.get("event") == "done"), None)
         evaluated = next((r["seconds"] for r in lines if r.get("event") == "eval"), 0.0)
+        pool = next((r for r in lines if r.get("event") == "pool"), None)  # --pool-samples: one call's problems
+        pooled = pool["seconds"] if pool else 0.0
         if done is None and stage.kind != "given":
             continue  # not run by this trial (done before, or skipped)
         done = done or 0.0  # the configured --model (--eval-model): evaluated only
         seconds = [r.get("sample_seconds", 0.0) + r.get("train_seconds", 0.0) for r in steps]
         per_step = statistics.median(seconds) if seconds else None
         run_steps = by_name[stage.name].steps if stage.name in by_name else 0
-        fixed = max(done - sum(seconds), 0.0)
+        fixed = max(done - sum(seconds) - pooled, 0.0)
         evaluation = evaluated * math.ceil(full.eval_problems / full.eval_batch)  # the trial: one call a set
-        training = fixed + per_step * run_steps if seconds else done  # a distill stage: run whole
+        pooling = pooled * (full.pool_problems or pool["available"]) / pool["problems"] if pool else 0.0
+        training = fixed + pooling + per_step * run_steps if seconds else done  # a distill stage: run whole
         lengths = [r["response_length"] for r in steps if "response_length" in r]  # GRPO steps: tokens a response
         rows.append({"stage": stage.name, "trial_steps": len(steps), "seconds_a_step": per_step,
                      "response_tokens": statistics.fmean(lengths) if lengths else None,

@@ -1,5 +1,7 @@
 """train.py --trial: a few steps a stage, then the whole run's time projected from them."""
 
+import dataclasses
+
 import pytest
 
 import train
@@ -25,6 +27,24 @@ def test_the_projection_is_each_stages_fixed_cost_plus_its_median_step_times_the
     assert rows["sft"]["projected_seconds"] == 10 + 2.0 * 250 + 6.0 * 4
     # rl: steps of 4, 5 and 6 s (sampling + update), fixed 20 - 15 = 5, no evaluation line
     assert rows["rl"]["projected_seconds"] == 5 + 5.0 * 30 and rows["rl"]["eval_seconds"] == 0
+
+
+def test_a_pass_rate_pool_is_projected_by_its_problems():
+    """A trial's pool samples one sampler call (8 x 8 lanes / 4 samples: 16 problems) and the run's
+    pool is projected from its time a problem; the pool is not part of the stage's fixed cost."""
+    config = train.resolved_config(["--pool-samples", "4", "--pool-problems", "256", "--prompts-per-step", "8",
+                                    "--group-size", "8"])[0]
+    full, changed = trim(config, [], 2)
+    assert changed["pool_problems"] == 16 and full.pool_problems == 256
+    records = [{"stage": "rl", "event": "pool", "seconds": 40.0, "problems": 16, "available": 7473},
+               *({"stage": "rl", "step": i + 1, "sample_seconds": 5.0, "train_seconds": 1.0} for i in range(2)),
+               {"stage": "rl", "event": "done", "seconds": 60.0}]
+    (row,) = projection(full, [Stage("rl", "grpo", "", steps=2)], [Stage("rl", "grpo", "", steps=30)], records)
+    # fixed 60 - 12 - 40 = 8; the pool 40 s for 16 problems -> 640 s for 256; 30 steps of 6 s
+    assert row["stage_seconds"] == 8 + 640 + 6.0 * 30
+    everything = dataclasses.replace(full, pool_problems=0)  # 0: all 7,473 of the stage's problems
+    assert projection(everything, [Stage("rl", "grpo", "", steps=2)], [Stage("rl", "grpo", "", steps=30)],
+                      records)[0]["stage_seconds"] == 8 + 40.0 * 7473 / 16 + 6.0 * 30
 
 
 def test_trim_keeps_the_runs_batches_and_lengths_and_names_its_own_folder():
