@@ -192,6 +192,7 @@ def test_the_qwen_rl_preset_runs_stage_1_at_8_x_8_beside_the_baseline_and_evalua
     assert (rl.reward, rl.mode, baseline.reward, baseline.mode) == ("parallel-strict", "structured", "accuracy", "causal")
     assert (config.prompts_per_step, config.group_size) == (8, 8) and rl.steps == baseline.steps > 0
     assert config.eval_model and config.eval_problems >= 200 and config.eval_data == "gsm8k"
+    assert config.eval_samples >= 2  # each evaluation splits its variance within and between problems
     trained = {p.question for p in load_problems(config.easy_data)}
     held_out = load_problems("gsm8k", limit=config.eval_problems)
     assert len(held_out) == config.eval_problems and not trained & {p.question for p in held_out}
