@@ -351,6 +351,13 @@ def sampling_seed(seed: int, stage: Stage, step: int, draw: int = 0) -> int:
 
 
 def _brief(metrics: dict) -> str:
-    """A few numbers for the progress line."""
+    """A few numbers for the progress line.
+
+    >>> _brief({"reward": -0.5, "accuracy": 0.25, "draws": 2, "groups_trained": 8, "groups_sampled": 16})
+    'reward=-0.50 accuracy=0.25 groups=8/16'
+    """
     keys = ("reward", "accuracy", "parallel_ratio", "loss")
-    return " ".join(f"{k.split('_')[0]}={metrics[k]:.2f}" for k in keys if isinstance(metrics.get(k), float))
+    brief = " ".join(f"{k.split('_')[0]}={metrics[k]:.2f}" for k in keys if isinstance(metrics.get(k), float))
+    if "draws" in metrics:  # --filter-groups: groups trained of those sampled
+        brief += f" groups={metrics['groups_trained']}/{metrics['groups_sampled']}"
+    return brief
