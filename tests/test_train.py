@@ -479,8 +479,9 @@ def test_other_rewards_on_the_same_samples_are_scored_on_the_saved_responses(tmp
     assert sorted(both["rewards"]) == ["accuracy", "format"] and both["rewards"]["format"] == sampled["rewards"]["format"]
     assert both["rewards"]["accuracy"] == {k: 2 * v - 1 for k, v in sampled["per_problem"].items()}
     assert both["reward_means"]["accuracy"] == pytest.approx(statistics.fmean(both["rewards"]["accuracy"].values()))
-    assert {k: v for k, v in both.items() if k not in ("rewards", "reward_means")} == \
-        {k: v for k, v in sampled.items() if k not in ("rewards", "reward_means")}
+    assert both["reward_splits"]["format"] == sampled["reward_splits"]["format"]
+    assert {k: v for k, v in both.items() if k not in ("rewards", "reward_means", "reward_splits")} == \
+        {k: v for k, v in sampled.items() if k not in ("rewards", "reward_means", "reward_splits")}
     assert nanopar.results.saved_evaluation(*(lambda c: (c, recipe(c), recipe(c)[1]))(
         train.resolved_config([*base, "--easy-reward", "accuracy"])[0]))["toy:easy:heldout"] == both
     again, _ = evaluate("--easy-reward", "format")
@@ -510,8 +511,9 @@ def test_default_held_out_data_follows_the_run_and_is_never_trained_on(tmp_path,
     hard = jsonl_problems(tmp_path / "hard.jsonl", toy_problems("toy:hard")[:12])
     trained, evaluated = set(), set()
     real_step, real_evaluate = nanopar.runner.grpo_step, nanopar.heldout.evaluate
-    monkeypatch.setattr(nanopar.runner, "grpo_step", lambda model, tokenizer, optimizer, batch, *rest:
-                        trained.update(p.id for p in batch) or real_step(model, tokenizer, optimizer, batch, *rest))
+    monkeypatch.setattr(nanopar.runner, "grpo_step", lambda model, tokenizer, optimizer, batch, *rest, **named:
+                        trained.update(p.id for p in batch) or real_step(model, tokenizer, optimizer, batch, *rest,
+                                                                         **named))
     monkeypatch.setattr(nanopar.heldout, "evaluate", lambda model, tokenizer, problems, *rest, **named:
                         evaluated.update(p.id for p in problems) or real_evaluate(model, tokenizer, problems, *rest,
                                                                                   **named))
