@@ -708,6 +708,7 @@ def check_attention(name: str, model, tokenizer, policy, config: CheckConfig) ->
 STOP_AFTER_CHECKPOINT = """
 import os, runpy, signal, sys
 import nanopar.runner as runner
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's own handler, also where a shell's background job ignores it
 prune = runner.prune_checkpoints
 def prune_then_stop(*args):  # right after a stage's first checkpoint: Ctrl-C
     prune(*args)
