@@ -1,7 +1,7 @@
 """nanopar: teach small Qwen models to think in parallel with reinforcement learning.
 
 Reading order, the README's ("Read the code in this order" says a line per file), first the core:
-one GRPO step, 2,700 lines (to the hundred), in the order a step meets it.
+one GRPO step, 2,600 lines (to the hundred), in the order a step meets it.
   tags.py      the tag schemas (<Parallel> <Path> <Summary>; NPR's <guideline> <plan> <step> <takeaway>)
   trace.py     the lenient reading of a trace into main chain / blocks / paths / summaries, and its stats
   layout.py    the structured ("Unseen") mask and multiverse positions, or causal ("Seen")
@@ -13,7 +13,8 @@ one GRPO step, 2,700 lines (to the hundred), in the order a step meets it.
   rewards.py   the papers' rewards, what a step scores
 Then the support files, when a question leads there:
   __init__.py  `NanoparError`, and this reading order
-  format.py, grading.py, head.py   what "valid" means; the final answer read and graded; the chunked read
+  format.py, grading.py, head.py, draw_in_place.py   what "valid" means; the final answer read and graded;
+    the chunked read; the draw in fewer passes
   sft.py, optim.py   cold-start / self-distillation fine-tuning on traces; AdamW, its schedule, float16's loss scaler
   data.py, prompts.py, model.py (tag_rows.py, lora_dtype.py), wheels.py, tiny.py   what a run reads and loads
   checkpoint.py, metrics.py, config.py, defaults.py   checkpoints, the log, flags, `resolve`

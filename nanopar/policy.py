@@ -13,7 +13,9 @@ Greedy decoding (temperature 0) records log-probs at temperature 1.
 `Policy` is the one value that says which distribution that is (tags, attention mode, path
 position stride, temperature, vocabulary): the sampler and the trainer both take it, so
 on-policy training does not depend on two roads of arguments agreeing.
-Not here: the sampling loop (sampler.py), the training read of a whole trace (forward.py).
+`plain_draw` is the sampler's draw as the algorithm reads: softmax, sample, record the log-prob.
+Not here: the same draw in fewer passes at a real vocabulary (draw_in_place.py, which the sampler
+calls), the sampling loop (sampler.py), the training read of a whole trace (forward.py).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def policy_scores(logits: torch.Tensor, temperature: float, vocab_size: int | No
         return out.div_(temperature) if scaled else out
     if scaled and logits.dtype != torch.float32:
         # bf16/fp16: the float32 copy is new, so divide it in place; `logits.float() / T` gives the same numbers
-        # through a second [..., V] tensor, which costs more than the division (bench/policy_scores.py)
+        # through a second [..., V] tensor, which costs more than the division (bench/races.py)
         return logits.float().div_(temperature)
     logits = logits.float()  # float32 already: a view, not a copy
     if scaled:
@@ -92,37 +94,6 @@ def temperature_divisor(temperature: float) -> float:
 def scores_are_a_view(logits: torch.Tensor, temperature: float) -> bool:
     """Whether `policy_scores` returns a view of `logits` (float32 at T = 0 or 1), writing no new tensor."""
     return logits.dtype == torch.float32 and temperature_divisor(temperature) == 1.0
-
-
-# `draw` takes `draw_in_place` from this many vocabulary rows: there its float32 passes over [N, V]
-# are a visible share of a decode step (bench/draw.py: about half of the plain draw's time at Qwen's
-# 151,936 rows); below it the plain draw, the one to read, runs, and the toy's sampled tokens stay
-# exactly those of its documented runs
-DRAW_IN_PLACE_FROM_VOCAB = 8_192
-
-
-def draw(
-    logits: torch.Tensor,  # [N, V] raw logits of the next token
-    temperature: float,  # 0 = greedy
-    vocab_size: int | None,  # ids >= vocab_size are never drawn
-    top_k: int = 0,  # keep the k most likely tokens (0 = all)
-    top_p: float = 1.0,  # keep the smallest set with this much probability (1.0 = all)
-    banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
-    generator: torch.Generator | None = None,
-    out: torch.Tensor | None = None,  # float32 [N, V'] the in-place draw may write into (a sampler keeps one)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row: `plain_draw`, or from DRAW_IN_PLACE_FROM_VOCAB rows at T > 0 without
-    top-k or top-p `draw_in_place` (the same distribution in fewer passes).
-    -> (tokens [N] long, their policy log-probs [N])"""
-    if draws_in_place(temperature, vocab_size or logits.shape[-1], top_k, top_p):
-        return draw_in_place(logits, temperature, vocab_size, banned, generator, out)
-    return plain_draw(logits, temperature, vocab_size, top_k, top_p, banned, generator)
-
-
-def draws_in_place(temperature: float, rows: int, top_k: int = 0, top_p: float = 1.0) -> bool:
-    """Whether `draw` takes `draw_in_place` over `rows` vocabulary rows: T > 0, no top-k or top-p,
-    from DRAW_IN_PLACE_FROM_VOCAB rows."""
-    return temperature > 0 and not 0 < top_k < rows and top_p >= 1.0 and rows >= DRAW_IN_PLACE_FROM_VOCAB
 
 
 def plain_draw(
@@ -157,73 +128,19 @@ def plain_draw(
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def draw_in_place(
-    logits: torch.Tensor,  # [N, V] raw logits of the next token
-    temperature: float,  # > 0
-    vocab_size: int | None,  # ids >= vocab_size are never drawn
-    banned: torch.Tensor | None = None,  # [N, V] bool: tokens this row may not draw
-    generator: torch.Generator | None = None,
-    out: torch.Tensor | None = None,  # float32 [N, V'] to write the buffer into (None: a new one)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`draw` at T > 0 without top-k or top-p, in fewer passes over [N, V]: the same distribution
-    and log-probs up to float rounding. The plain draw builds the log-softmax, a masked copy and a
-    softmax; here one float32 buffer is turned in place into exp(scores - max), which
-    `sample_categorical` draws from unnormalised, and the drawn token's log-prob is its score
-    - max - log Z, as head.py's training read computes it. A buffer kept from step to step (`out`)
-    spares each step the first touch of a new one's pages (bench/draw.py).
-    -> (tokens [N] long, log-probs [N])"""
-    scores = policy_scores(logits, temperature, vocab_size, out=out)  # [N, V'] float32
-    if scores.data_ptr() == logits.data_ptr():  # float32 logits at T = 1: a view, and the passes below write
-        scores = scores.clone() if out is None else out.copy_(scores)
-    top = scores.amax(-1, keepdim=True)  # [N, 1]
-    weights = scores.sub_(top).exp_()  # [N, V'] the policy's probabilities times Z
-    Z = weights.sum(-1, keepdim=True)  # [N, 1] over the whole policy: a banned token still counts
-    if banned is not None:
-        weights.masked_fill_(banned[:, : weights.shape[-1]], 0.0)
-    tokens = sample_categorical(weights, generator)  # [N]
-    chosen = policy_scores(logits.gather(-1, tokens[:, None]), temperature, None)  # [N, 1] the same score as above
-    return tokens, (chosen - top - Z.log()).squeeze(-1)
-
-
-# `sample_categorical` inverts the CDF in two levels from this many blocks of CDF_BLOCK ids a row: a
-# cumulative sum of a whole [N, V] row costs a pass and a new [N, V] tensor, at Qwen's 151,936 ids
-# most of the draw (bench/draw.py); below it (the toy, the tests' tiny models) one cumulative sum
-CDF_BLOCK = 1024
-TWO_LEVELS_FROM_BLOCKS = 8
-
-
-def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
-                       block: int | None = CDF_BLOCK) -> torch.Tensor:
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row by inverting the CDF: [N, V] probabilities (or weights proportional to them) -> [N] ids.
 
-    The same distribution as `torch.multinomial(probs, 1)`, which on a CPU draws a random number
-    per vocabulary entry (151,936 per row per step for Qwen: most of a real-vocabulary sampler
-    call, docs/measurements.md); this draws one per row and never lands on a zero-probability id.
-    A row of at least TWO_LEVELS_FROM_BLOCKS blocks of `block` ids is inverted in two levels: the
-    block whose mass holds the random number (one sum per block), then the id inside that block
-    (a cumulative sum of `block` ids): the id one cumulative sum of the row finds, up to the float
-    rounding of the sums. `block=None`: always the one cumulative sum.
-    """
-    N, V = probs.shape
-    u = torch.rand(N, 1, generator=generator, device=probs.device)  # [N, 1] in [0, 1)
-    if block is None or V < TWO_LEVELS_FROM_BLOCKS * block:
-        cdf = probs.cumsum(-1)  # [N, V]
-        return _first_above(cdf, u * cdf[:, -1:])
-    whole = V // block * block
-    mass = probs[:, :whole].view(N, whole // block, block).sum(-1)  # [N, nb] each block's mass
-    if whole < V:
-        mass = torch.cat([mass, probs[:, whole:].sum(-1, keepdim=True)], -1)  # the short last block
-    block_cdf = mass.cumsum(-1)  # [N, nb]
-    target = u * block_cdf[:, -1:]  # [N, 1]
-    chosen = _first_above(block_cdf, target)  # [N] the block holding it
-    start = chosen * block  # [N] its first id
-    ids = start[:, None] + torch.arange(block, device=probs.device)  # [N, block]
-    inside = probs.gather(-1, ids.clamp(max=V - 1)).masked_fill(ids >= V, 0.0)  # [N, block]
-    rest = target - (block_cdf - mass).gather(-1, chosen[:, None])  # [N, 1] less the mass before the block
-    return (start + _first_above(inside.cumsum(-1), rest)).clamp(max=V - 1)  # a row of no mass: its last id, as one sum
+    The same distribution as `torch.multinomial(probs, 1)`, which on a CPU draws a random number per
+    vocabulary entry; this draws one per row, finds where it falls in the row's cumulative sum, and
+    never lands on a zero-probability id. (At a real vocabulary the sampler inverts in two levels
+    instead: draw_in_place.py.)"""
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)  # [N, 1] in [0, 1)
+    cdf = probs.cumsum(-1)  # [N, V]
+    return first_above(cdf, u * cdf[:, -1:])
 
 
-def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """cdf [N, K] nondecreasing, target [N, 1] -> [N] the first k with cdf[k] > target, the target
     held inside [0, the row's total): rounding may put it on either edge, and an id found past
     the last positive entry, or before the first, would have probability 0."""

@@ -35,7 +35,8 @@ from transformers import DynamicCache
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
-from .policy import Policy, draw, draws_in_place
+from .draw_in_place import draw, draws_in_place
+from .policy import Policy
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
 

@@ -7,7 +7,8 @@ import torch
 
 from conftest import TAGS, one_line, token_logprobs
 from nanopar import NanoparError
-from nanopar.policy import Policy, draw, policy_logprobs
+from nanopar.draw_in_place import draw
+from nanopar.policy import Policy, policy_logprobs
 
 
 def test_logprobs_are_a_temperature_softmax_over_the_real_vocabulary():
@@ -58,14 +59,14 @@ def test_two_level_inverse_cdf_follows_the_distribution_and_skips_zero_probabili
     """A row of 20 blocks of 1,024 ids and a short last one (20,500 ids): mass in four blocks, on a
     block's first id and on the id before the next block, whole blocks of zero between; 40,000
     two-level draws land on the positive ids only, at their probabilities."""
-    from nanopar.policy import CDF_BLOCK, TWO_LEVELS_FROM_BLOCKS, sample_categorical
+    from nanopar.draw_in_place import CDF_BLOCK, TWO_LEVELS_FROM_BLOCKS, sample_in_blocks
 
     V = 20 * CDF_BLOCK + 20
     assert V >= TWO_LEVELS_FROM_BLOCKS * CDF_BLOCK  # the two-level path
     support = torch.tensor([3 * CDF_BLOCK, 4 * CDF_BLOCK - 1, 4 * CDF_BLOCK, 11 * CDF_BLOCK + 7, V - 1])
     mass = torch.tensor([0.3, 0.1, 0.25, 0.15, 0.2])
     weights = (7.0 * torch.zeros(V).index_put_((support,), mass)).expand(40000, V)  # not normalised
-    tokens = sample_categorical(weights, torch.Generator().manual_seed(2))
+    tokens = sample_in_blocks(weights, torch.Generator().manual_seed(2))
     assert set(tokens.tolist()) <= set(support.tolist())
     counts = torch.stack([(tokens == i).double().mean() for i in support])
     assert ((counts - mass).abs() <= 4 * (mass * (1 - mass) / len(tokens)).sqrt()).all(), counts
@@ -74,31 +75,33 @@ def test_two_level_inverse_cdf_follows_the_distribution_and_skips_zero_probabili
 def test_two_level_inverse_cdf_draws_what_one_cumulative_sum_draws():
     """The same random numbers give the same ids through two levels as through one cumulative sum
     of the whole row, on 512 rows of a real vocabulary's softmax (8,990 ids: 9 blocks, a short last)."""
+    from nanopar.draw_in_place import sample_in_blocks
     from nanopar.policy import sample_categorical
 
     probs = torch.softmax(real_vocab_logits(512, torch.float32)[:, :8990] / 0.7, -1)
-    one = sample_categorical(probs, torch.Generator().manual_seed(4), block=None)
-    two = sample_categorical(probs, torch.Generator().manual_seed(4))
+    one = sample_categorical(probs, torch.Generator().manual_seed(4))
+    two = sample_in_blocks(probs, torch.Generator().manual_seed(4))
     assert torch.equal(one, two) and (two >= 1024).sum() >= 20  # ids past the first block too
 
 
 def test_two_level_inverse_cdf_edge_rows():
     """No rows draw nothing; a row with no mass left (its one likely id banned, the rest underflowed)
     draws its last id, as one cumulative sum does, never an id past the vocabulary."""
+    from nanopar.draw_in_place import sample_in_blocks
     from nanopar.policy import sample_categorical
 
-    assert sample_categorical(torch.zeros(0, 8990)).shape == (0,)
+    assert sample_in_blocks(torch.zeros(0, 8990)).shape == (0,) and sample_categorical(torch.zeros(0, 8990)).shape == (0,)
     empty = torch.zeros(2, 8212)  # a short last block of 20 ids
-    for block in (None, 1024):
-        assert sample_categorical(empty, torch.Generator().manual_seed(0), block).tolist() == [8211, 8211]
+    for sample in (sample_categorical, sample_in_blocks):
+        assert sample(empty, torch.Generator().manual_seed(0)).tolist() == [8211, 8211]
 
 
 def test_the_inverse_cdf_holds_a_rounded_target_inside_the_positive_ids():
     """A target rounded onto the total, or below 0, still finds an id of positive probability."""
-    from nanopar.policy import _first_above
+    from nanopar.policy import first_above
 
     cdf = torch.tensor([[0.0, 0.5, 0.5, 1.0, 1.0]]).repeat(3, 1)  # ids 1 and 3 hold the mass
-    found = _first_above(cdf, torch.tensor([[1.0], [-1e-9], [0.5]]))
+    found = first_above(cdf, torch.tensor([[1.0], [-1e-9], [0.5]]))
     assert found.tolist() == [3, 1, 3]
 
 
@@ -141,7 +144,8 @@ def test_the_in_place_draw_is_the_plain_draw_at_a_real_vocabulary(dtype, tempera
     """From DRAW_IN_PLACE_FROM_VOCAB rows `draw` draws in place: the tokens the plain draw takes
     with the same random numbers (the same inverse CDF, up to rounding), never a banned id, and
     log-probs nearer a float64 log-softmax than the plain draw's; the logits are left as they were."""
-    from nanopar.policy import DRAW_IN_PLACE_FROM_VOCAB, plain_draw
+    from nanopar.draw_in_place import DRAW_IN_PLACE_FROM_VOCAB
+    from nanopar.policy import plain_draw
 
     logits = real_vocab_logits(256, dtype)
     assert logits.shape[-1] > 8990 >= DRAW_IN_PLACE_FROM_VOCAB  # the vocabulary: 8,990 real ids
