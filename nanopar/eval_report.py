@@ -79,7 +79,7 @@ def forked(records: list[dict], batches: int | None = None, mode: str = "structu
 
 def speedup(model, tokenizer, problems: list[Problem], policy: Policy, settings: SamplerSettings, samples: int = 1,
             instructions: str = "", chat: bool = True, batch_size: int = 32, repeats: int = 2) -> dict:
-    """NPR's speedup, timed as the benchmarks time (bench/sampler.py): the same prompts decoded with
+    """NPR's speedup, timed as the benchmarks time (bench/speed.py): the same prompts decoded with
     forking (`policy`) and sequentially (no tag ids), taking turns for `repeats` rounds so a drift in
     machine speed hits both alike, the best round of each counting. Call it after a warm-up (eval.py:
     after the evaluation itself, which decoded these prompts once). -> {"parallel", "sequential":

@@ -304,29 +304,6 @@ def test_lora_and_4bit_models_sample_consistently(four_bit, tmp_path):
         assert max(rollout.ids) < len(tokenizer)  # the padded vocabulary is never drawn
 
 
-def test_the_sampler_benchmark_takes_its_flags_from_a_dataclass(capsys, monkeypatch):
-    """`python bench/sampler.py --help` lists every flag and starts nothing; an unknown benchmark is a one-line error."""
-    import dataclasses
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "sampler.py"
-    monkeypatch.syspath_prepend(str(path.parent))  # as `python bench/sampler.py` has it: bench/common.py
-    spec = importlib.util.spec_from_file_location("bench_sampler", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses read the module's namespace
-    spec.loader.exec_module(bench)
-    with pytest.raises(SystemExit) as exit:
-        bench.main(["--help"])
-    assert exit.value.code == 0
-    text = capsys.readouterr().out
-    for field in dataclasses.fields(bench.BenchConfig):
-        assert "--" + field.name.replace("_", "-") in text, field.name
-    with pytest.raises(SystemExit, match="unknown benchmark speed; choose from throughput"):
-        bench.main(["--only", "speed"])
-
-
 @pytest.mark.parametrize("kind", ["lazy", "plain"])
 def test_nothing_of_a_sampler_call_outlives_it_without_the_cyclic_collector(kind):
     """With the cyclic collector off, the lane cache of a finished call (forks, merges and finished
