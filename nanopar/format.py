@@ -1,6 +1,19 @@
-"""The judges of a trace: each schema's format rules, and what "a valid parallel trace" means.
+"""The judges of a trace: what "valid" means, each schema's format rules, and the released check.
 
-Parallel-R1's Algorithm 1 (scan the tags in order with a stack):
+"Valid" is defined once, here, in the two readings the rewards need (docs/glossary.md's words):
+  well formed              `check_well_formed`: the schema's tag rules hold on the reading, it has
+                           no stray tag and is not truncated; sequential traces too. What the
+                           layout can lay out: PAPO's drop keeps these (`RewardResult.layout_ok`).
+  a valid parallel trace   `check_parallel`: well formed, and one valid block or more (two or more
+                           branches: `Block.valid`). The parallel-strict, accuracy_times_parallel
+                           and valid_parallel rewards, the parallel ratio and Parallel-R1's
+                           cold-start filter ask this.
+The rest derives from them: `check_structured` (NPR's format: the format rules on the text, well
+formed, a block); a block's own share is what the reading records of it (`Block.well_formed`,
+`Block.valid` in trace.py, which this file reads), and `TraceStats.valid_blocks` counts them.
+
+The format rules (`check_format`, the `format` reward) judge a text. Parallel-R1's Algorithm 1
+(scan the tags in order with a stack):
   1. a closing tag must match the tag on top of the stack;
   2. every <Parallel> block holds at least two <Path>s (directly inside it);
   3. <Summary> is the next tag after </Parallel>;
@@ -19,18 +32,10 @@ NPR's rules (our reading of its released prompt; `check_npr_tags` on the tags, t
 A trace without tags is valid (and not parallel); a round with one plan is valid, not parallel.
 
 Algorithm 1 accepts tags the lenient reading (`trace.py`: what the sampler and layout follow)
-treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So the judges built
-on it read the tags as the reading does, one per meaning:
-  check_parallel     a valid parallel trace: Algorithm 1 on the reading, no stray tag, not
-                     truncated, one valid block or more (the parallel-strict,
-                     accuracy_times_parallel and valid_parallel rewards, the parallel
-                     ratio, Parallel-R1's cold-start filter);
-  check_structured   a text that follows the schema strictly with one block or more, of one
-                     branch too under NPR (NPR's rejection filter and `npr_format`);
-  check_well_formed  a reading the layout can lay out: the tag rules, no stray tag, not cut
-                     inside a block (PAPO's drop keeps these, sequential ones too).
-Parallel-R1's released code implements Algorithm 1 more loosely in four places; the rewards that
-mirror that code (`parallel`, `accuracy_parallel_bonus`) ask `check_released_format`, which says where.
+treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So the two readings of
+"valid" ask the rules of the reading's tags and refuse a stray one. Parallel-R1's released code
+implements Algorithm 1 more loosely in four places; the rewards that mirror that code (`parallel`,
+`accuracy_parallel_bonus`) ask `check_released_format`, which says where.
 Not here: the reading itself (trace.py), the rewards built on these judges (rewards.py).
 """
 
@@ -51,31 +56,33 @@ class FormatCheck:
         return self.ok
 
 
-def check_format(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
-    """The schema's format rules on a text: Algorithm 1, or NPR's rules 1-6.
+def check_well_formed(trace: Trace) -> FormatCheck:
+    """Well formed: the schema's tag rules on the reading's tags, no stray tag, and not truncated
+    (cut inside a block or a summary); it may be sequential (no tag, or NPR rounds of one plan).
+    What the layout can lay out, and what PAPO's drop keeps. NPR's released code keeps a rollout
+    when it can build its attention mask and positions (no nested or unmatched step tag, no round
+    left open) and it is not longer than the budget; here the budget cuts a response, and one cut
+    inside a block is truncated. Our tag rules are the stricter side (as many steps as plans, for one).
 
-    >>> check_format("a <Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>z</Summary> b").ok
-    True
-    >>> check_format("<Parallel><Path>x</Path></Parallel><Summary>z</Summary>").reason
-    'a <Parallel> block holds 1 <Path>; at least 2 are needed'
+    On a reading with no stray tag that is not truncated, the tag rules hold exactly when every
+    block is well formed (`Block.well_formed`); they are checked anyway, so the definition reads
+    as the rule it is.
+
+    >>> check_well_formed(parse_trace("Final Answer: 4")).ok, check_well_formed(parse_trace("<Parallel><Path>x")).reason
+    (True, '<Path> is never closed')
     """
-    tags = find_tags(text, schema)
-    rules = check_tag_sequence([role for _, _, role in tags], schema)
-    if not rules or not schema.planned:
-        return rules
-    return _check_npr_text(text, tags, schema)
+    rules = check_tag_sequence(trace.tags, trace.schema)
+    if rules and trace.error:  # stray tags, or the input ends inside a block or a summary
+        return FormatCheck(False, trace.error)
+    return rules
 
 
 def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
-    """A valid parallel trace, the one definition: the `parallel-strict`, `accuracy_times_parallel`
-    and `valid_parallel` rewards, Parallel-R1's cold-start filter and the parallel-ratio metric all ask this. A text is read first (with
-    `schema`); a `Trace` is judged by the schema it was read with.
-
-    Judged on the reading (for a rollout: its token ids, as sampled and as the layout trains on
-    them). On a reading with no stray tag that is not truncated, the schema's tag rules hold
-    exactly when every block is well formed; they are checked anyway, so the definition reads
-    as the rule it is. Under NPR this is its "parallel trigger" (a guideline of two or more
-    plans) in a response whose rounds are all well formed.
+    """A valid parallel trace: well formed (`check_well_formed`) with one valid block or more
+    (`Block.valid`: closed, its summary closed, two or more closed branches). A text is read
+    first (with `schema`); a `Trace` is judged by the schema it was read with. Judged on the
+    reading (for a rollout: its token ids, as sampled and as the layout trains on them). Under NPR
+    this is its "parallel trigger" (a guideline of two or more plans) in a well-formed response.
 
     >>> check_parallel("a<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>b").ok
     True
@@ -85,11 +92,9 @@ def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> Forma
     'no valid parallel block'
     """
     trace = parse_trace(trace, schema) if isinstance(trace, str) else trace
-    rules = check_tag_sequence(trace.tags, trace.schema)
-    if not rules:
-        return rules
-    if trace.error:  # stray tags, or the input ends inside a block or a summary
-        return FormatCheck(False, trace.error)
+    well_formed = check_well_formed(trace)
+    if not well_formed:
+        return well_formed
     if not any(block.valid for block in trace.blocks):
         s = trace.schema
         return FormatCheck(False, f"no {s.block_open} of two or more {s.plan_open}" if s.planned else "no valid parallel block")
@@ -98,7 +103,7 @@ def check_parallel(trace: Trace | str, schema: TagSchema = PARALLEL_R1) -> Forma
 
 def check_structured(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
     """A structured trace: the schema's format rules hold on the text (`check_format`), its
-    reading has no stray tag and is not truncated, and it holds at least one block. Under NPR a
+    reading is well formed (`check_well_formed`), and it holds at least one block. Under NPR a
     round of one plan counts: this is NPR's own format check, what its rejection sampling keeps
     (with a correct answer) and what `npr_format` pays for. A text without tags is not one.
 
@@ -117,24 +122,27 @@ def check_structured(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
     if not rules:
         return rules
     trace = parse_trace(text, schema)
-    if trace.error:
-        return FormatCheck(False, trace.error)
+    well_formed = check_well_formed(trace)
+    if not well_formed:
+        return well_formed
     if not trace.blocks:
         return FormatCheck(False, f"no {schema.block_open}")
     return FormatCheck(True)
 
 
-def check_well_formed(trace: Trace) -> FormatCheck:
-    """A reading the layout can lay out: the schema's tag rules on its tags, no stray tag, and not
-    truncated (cut inside a block or a summary); it may be sequential (no tag, or NPR rounds of one
-    plan). PAPO's drop keeps exactly these. NPR's released code keeps a rollout when it can build
-    its attention mask and positions (no nested or unmatched step tag, no round left open) and it
-    is not longer than the budget; here the budget cuts a response, and one cut inside a block is
-    truncated. Our tag rules are the stricter side (as many steps as plans, for one)."""
-    rules = check_tag_sequence(trace.tags, trace.schema)
-    if rules and trace.error:
-        return FormatCheck(False, trace.error)
-    return rules
+def check_format(text: str, schema: TagSchema = PARALLEL_R1) -> FormatCheck:
+    """The schema's format rules on a text: Algorithm 1, or NPR's rules 1-6.
+
+    >>> check_format("a <Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>z</Summary> b").ok
+    True
+    >>> check_format("<Parallel><Path>x</Path></Parallel><Summary>z</Summary>").reason
+    'a <Parallel> block holds 1 <Path>; at least 2 are needed'
+    """
+    tags = find_tags(text, schema)
+    rules = check_tag_sequence([role for _, _, role in tags], schema)
+    if not rules or not schema.planned:
+        return rules
+    return _check_npr_text(text, tags, schema)
 
 
 def check_tag_sequence(names: list[str], schema: TagSchema = PARALLEL_R1) -> FormatCheck:

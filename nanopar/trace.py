@@ -19,8 +19,8 @@ chain, `<Parallel>` inside a path, which means blocks never nest). Input that en
 or a summary is *truncated*, and its open path simply ends there.
 
 Positions are offsets in the input's units: characters for `parse_trace(text)`, tokens for
-`parse_ids(ids)`. Not here: the judges (`format.check_format`, each schema's rules, and
-`format.check_parallel`, what "a valid parallel trace" means everywhere).
+`parse_ids(ids)`. Not here: the judges (format.py: what "well formed" and "a valid parallel
+trace" mean, built on the block facts recorded here, and each schema's format rules).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class Block:
     @property
     def well_formed(self) -> bool:
         """Closed, a closed summary, and the branches its schema asks for: Parallel-R1 two or more
-        closed paths; NPR one or more plans and exactly as many closed steps."""
+        closed paths; NPR one or more plans and exactly as many closed steps. A block's share of
+        a well-formed trace (`format.check_well_formed`)."""
         if self.close is None or not self.summary_closed:
             return False
         if self.plans is None:
@@ -63,8 +64,9 @@ class Block:
 
     @property
     def valid(self) -> bool:
-        """Well formed with two or more branches: a usable *parallel* block (an NPR guideline of
-        one plan is well formed, but a step of the main chain)."""
+        """Well formed with two or more branches: a *parallel* block (an NPR guideline of one plan
+        is well formed, but a step of the main chain). A valid parallel trace holds one or more
+        (`format.check_parallel`)."""
         return self.well_formed and self.closed_paths >= 2
 
 
@@ -92,18 +94,11 @@ class Trace:
 class TraceStats:
     length: int  # units in the response (tokens for ids)
     blocks: int  # blocks read, valid or not (NPR: guidelines, of one plan too)
-    valid_blocks: int  # parallel blocks: well formed with >= 2 closed paths (Block.valid)
+    valid_blocks: int  # valid blocks: well formed with >= 2 branches (Block.valid)
     paths_per_block: list[int]  # paths read in each block (NPR: steps)
     branches_per_block: list[int]  # the branch count each block chose: its paths; NPR: its plans (the model's choice)
     relative_positions: list[float]  # offset of each <Parallel> / length (Parallel-R1: ~0.4 -> ~0.8)
     critical_path: int  # units on the longest route: siblings of the longest path run in parallel
-
-    @property
-    def has_valid_block(self) -> bool:
-        """At least one valid block. Not what "has parallel" means in a record and the parallel ratio:
-        that is `format.check_parallel`, the one definition, which also asks the whole trace to follow
-        the tag rules (no stray tag, nothing cut off)."""
-        return self.valid_blocks > 0
 
     @property
     def acceleration(self) -> float:

@@ -112,11 +112,12 @@ def test_stats_position_and_critical_path():
     # main 10 tokens, block at offset 10: paths of 4 and 7 tokens, summary 3, main 6: length 10+1+4+7+1+3+6
     ids = [1] * 10 + [100] + [102, 1, 1, 103] + [102] + [1] * 5 + [103] + [101] + [104, 1, 105] + [1] * 6
     stats = trace_stats(parse_ids(ids, TAG_IDS))
-    assert stats.length == 32 and stats.blocks == 1 and stats.valid_blocks == 1 and stats.has_valid_block
+    assert stats.length == 32 and stats.blocks == 1 and stats.valid_blocks == 1
     assert stats.paths_per_block == [2] and stats.relative_positions == [10 / 32]
     assert stats.critical_path == 32 - 4 and stats.acceleration == pytest.approx(32 / 28)
     plain = trace_stats(parse_trace("no parallel here"))
-    assert plain.blocks == 0 and not plain.has_valid_block and plain.critical_path == plain.length
+    assert plain.blocks == 0 and plain.valid_blocks == 0 and plain.critical_path == plain.length
+    assert plain.acceleration == 1.0
 
 
 TAG_IDS = TagIds(100, 101, 102, 103, 104, 105)
