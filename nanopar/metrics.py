@@ -26,6 +26,7 @@ from statistics import fmean
 from . import NanoparError, distributed
 from .data import read_jsonl, write_jsonl
 from .rollouts import response_structure
+from .trace import acceleration
 
 
 def structure_metrics(responses: list[dict]) -> dict:
@@ -68,7 +69,8 @@ def structure_metrics(responses: list[dict]) -> dict:
 
 
 def _acceleration(responses: list[dict]) -> float:
-    return sum(r["new_tokens"] for r in responses) / max(sum(r["critical_path"] for r in responses), 1)
+    """`trace.acceleration` over the responses together: their tokens / their critical paths."""
+    return acceleration(sum(r["new_tokens"] for r in responses), sum(r["critical_path"] for r in responses))
 
 
 TIE = 1e-9  # rewards closer than this count as equal (float sums of the same components)

@@ -102,8 +102,17 @@ class TraceStats:
 
     @property
     def acceleration(self) -> float:
-        """Total units / critical-path units: the ideal speedup of decoding paths side by side."""
-        return self.length / self.critical_path if self.critical_path else 1.0
+        return acceleration(self.length, self.critical_path)
+
+
+def acceleration(units: int, critical_path: int) -> float:
+    """Total units / critical-path units: the ideal speedup of decoding paths side by side, of one
+    response or summed over many (1.0 for nothing decoded: the critical path is 0 only then).
+
+    >>> acceleration(30, 15), acceleration(0, 0)
+    (2.0, 1.0)
+    """
+    return units / critical_path if critical_path else 1.0
 
 
 def trace_stats(trace: Trace) -> TraceStats:
