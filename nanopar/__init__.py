@@ -1,7 +1,7 @@
 """nanopar: teach small Qwen models to think in parallel with reinforcement learning.
 
 Reading order, the README's ("Read the code in this order" says a line per file), first the core:
-one GRPO step, 2,600 lines (to the hundred), in the order a step meets it.
+one GRPO step, 2,400 lines (to the hundred), in the order a step meets it.
   tags.py      the tag schemas (<Parallel> <Path> <Summary>; NPR's <guideline> <plan> <step> <takeaway>)
   trace.py     the lenient reading of a trace into main chain / blocks / paths / summaries, and its stats
   layout.py    the structured ("Unseen") mask and multiverse positions, or causal ("Seen")
@@ -10,7 +10,7 @@ one GRPO step, 2,600 lines (to the hundred), in the order a step meets it.
   sampler.py   the parallel-branch sampler: fork at <Parallel>, merge after the paths
   forward.py   the training read of a trace's log-probs
   grpo.py      `grpo_step`: sample -> reward -> drop invalid -> group advantages -> update
-  rewards.py   the papers' rewards, what a step scores
+  rewards.py   the papers' rewards, what a step scores (by name: reward_registry.py; per step: reward_schedules.py)
 Then the support files, when a question leads there:
   __init__.py  `NanoparError`, and this reading order
   format.py, grading.py, head.py, draw_in_place.py   what "valid" means; the final answer read and graded;

@@ -1,38 +1,38 @@
-"""Rewards for parallel thinking: the built-in rewards, a registry, weighted specs, schedules.
+"""Rewards for parallel thinking: the built-in rewards, and scoring a rollout with a weighted spec.
 
 A reward scores one rollout: `fn(text, trace, problem) -> float` (`text`: the response with its
 tags, `response_text`; `trace`: its reading; `problem`: the `data.Problem` it answers). Built-ins
 (docs/recipes.md gives values and sources): accuracy, format, parallel (correct, with a block the
-released format check passes: Parallel-R1 stage 1 as released), parallel-strict (correct AND a
-valid parallel trace: its write-up's reading), accuracy_parallel_bonus (Parallel-R1's released reward for
-its alternating schedule's parallel steps), accuracy_times_parallel, npr_format (NPR stage 1). A spec is a weighted sum, "accuracy:1,format:0.2"; `score` returns the
-total, each component and the `Grade`, grading the answer once and counting a failure, never
-hiding it. `@register("name")` adds a reward; `load_reward_file` loads a user's file of them.
-Schedules pick the spec per step: `Constant`, `Alternating` (Parallel-R1: 8 of every 10 steps
-accuracy, 2 accuracy_parallel_bonus as its code runs it; "alternating-strict" pays `parallel-strict` on
-those 2), `TwoPhase` (that scaffold, then accuracy). `as_trl_reward` wraps a reward
-for TRL's GRPOTrainer.
+released format check passes: Parallel-R1 stage 1 as released), parallel-strict (correct in a
+valid parallel trace: its write-up's reading), accuracy_parallel_bonus (Parallel-R1's released
+reward for its alternating schedule's parallel steps), accuracy_times_parallel, valid_parallel,
+answered, npr_format (NPR stage 1). What "valid" means is format.py's. A spec is a weighted sum,
+"accuracy:1,format:0.2"; `score` returns the total, each component and the `Grade`, grading the
+answer once (`graded`, `is_correct`) and counting a failure, never hiding it. `as_trl_reward`
+wraps a reward for TRL's GRPOTrainer.
+The registry (`@register`, `load_reward_file`, `parse_reward_spec`: reward_registry.py) and the
+schedules (`Constant`, `Alternating`, `TwoPhase`, `schedule_from_string`: reward_schedules.py)
+are importable from here too, as `nanopar.rewards.register` and so on.
 Not here: PAPO's drop itself (grpo.py; `RewardResult.layout_ok` says what it keeps), length or
 diversity rewards, learned reward models.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from dataclasses import dataclass
 
 from . import NanoparError
 from .data import Problem
 from .format import check_format, check_parallel, check_released_format, check_structured, check_well_formed
 from .grading import Grade, grade
+from .reward_registry import (  # noqa: F401  (re-exported: nanopar.rewards.register is the documented name)
+    REWARDS, SCHEDULE_WORDS, RewardFn, get_reward, load_reward_file, parse_reward_spec, register)
+from .reward_schedules import Alternating, Constant, RewardSchedule, TwoPhase, schedule_from_string  # noqa: F401
 from .tags import PARALLEL_R1, TagIds, TagSchema
 from .trace import Trace, parse_ids, parse_trace
-
-RewardFn = Callable[[str, Trace, Problem], float]
 
 
 def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
@@ -42,93 +42,6 @@ def response_text(rollout, tokenizer, eos_ids: list[int]) -> str:
 
 
 PARALLEL_BONUS = 0.2  # what `accuracy_parallel_bonus` adds to a correct answer with a block that passes the check
-
-# ----------------------------------------------------------------------------- registry
-
-REWARDS: dict[str, RewardFn] = {}
-_RESERVED = {"constant", "alternating", "alternating-strict", "two-phase", "two-phase-strict"}  # `schedule_from_string`'s keywords
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-
-
-def register(name: str, replace: bool = False) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: make a reward function selectable by `name` in specs and schedules."""
-    if not _NAME.match(name) or name in _RESERVED:
-        raise NanoparError(f"reward name {name!r} must be letters, digits, _ or - and not one of {sorted(_RESERVED)}")
-
-    def add(fn: RewardFn) -> RewardFn:
-        if name in REWARDS and not replace:
-            raise NanoparError(f"reward {name!r} is already registered; use @register({name!r}, replace=True)")
-        REWARDS[name] = fn
-        return fn
-
-    return add
-
-
-def load_reward_file(path: str) -> list[str]:
-    """Import a user's Python file so its `@register` rewards exist; return the names it added.
-    Loading the same file again (a second command in one process) replaces its own rewards."""
-    import importlib.util
-    from pathlib import Path
-
-    if not Path(path).is_file():
-        raise NanoparError(f"reward file not found: {path}")
-    key = str(Path(path).resolve())
-    for name in _FROM_FILE.pop(key, []):
-        REWARDS.pop(name, None)
-    before = set(REWARDS)
-    spec = importlib.util.spec_from_file_location(f"nanopar_user_rewards_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # a bug in the user's file raises here, with its own traceback
-    _FROM_FILE[key] = sorted(set(REWARDS) - before)
-    return _FROM_FILE[key]
-
-
-_FROM_FILE: dict[str, list[str]] = {}  # a loaded reward file (resolved path) -> the names it registered
-
-
-def get_reward(name: str) -> RewardFn:
-    """The reward registered as `name`.
-
-    >>> get_reward("acuracy")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    nanopar.NanoparError: unknown reward 'acuracy'; known: accuracy, accuracy_parallel_bonus, ...
-    """
-    if name not in REWARDS:
-        raise NanoparError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}")
-    return REWARDS[name]
-
-
-def parse_reward_spec(spec: str | dict[str, float]) -> dict[str, float]:
-    """A weighted spec: "accuracy:1,format:0.2" -> {name: weight}; a bare name weighs 1.
-
-    >>> parse_reward_spec("accuracy:1, format:0.2"), parse_reward_spec("parallel")
-    ({'accuracy': 1.0, 'format': 0.2}, {'parallel': 1.0})
-    >>> parse_reward_spec("accuracy:high")
-    Traceback (most recent call last):
-    ...
-    nanopar.NanoparError: reward spec 'accuracy:high': weight 'high' of 'accuracy' is not a number
-    """
-    if isinstance(spec, dict):
-        items = [(str(k), v) for k, v in spec.items()]
-    else:
-        items = []
-        for part in spec.split(","):
-            name, sep, weight = part.strip().partition(":")
-            if not name.strip():
-                raise NanoparError(f"reward spec {spec!r}: empty entry (expected name:weight, comma separated)")
-            items.append((name.strip(), weight.strip() if sep else "1"))
-    weights: dict[str, float] = {}
-    for name, weight in items:
-        get_reward(name)  # unknown names fail here, listing the known ones
-        if name in weights:
-            raise NanoparError(f"reward spec {spec!r}: {name!r} appears twice")
-        try:
-            weights[name] = float(weight)
-        except (TypeError, ValueError):
-            raise NanoparError(f"reward spec {spec!r}: weight {weight!r} of {name!r} is not a number") from None
-    return weights
-
 
 # ----------------------------------------------------------------------------- grading, shared
 
@@ -162,16 +75,6 @@ def graded(text: str, problem: Problem) -> Grade:
 def is_correct(text: str, problem: Problem) -> bool:
     """Whether the final answer of `text` is right (graded once per `score` call)."""
     return graded(text, problem).correct
-
-
-def uses_parallel(text: str, trace: Trace) -> bool:
-    """A valid parallel trace (`format.check_parallel` on the reading `trace`; `text` is not read).
-
-    >>> ok = "a<Parallel><Path>x</Path><Path>y</Path></Parallel><Summary>s</Summary>b"
-    >>> uses_parallel(ok, parse_trace(ok)), uses_parallel(ok + "</Path>", parse_trace(ok + "</Path>"))
-    (True, False)
-    """
-    return check_parallel(trace).ok
 
 
 # ----------------------------------------------------------------------------- built-in rewards
@@ -213,9 +116,9 @@ def parallel(text: str, trace: Trace, problem: Problem) -> float:
 @register("parallel-strict")
 def parallel_strict(text: str, trace: Trace, problem: Problem) -> float:
     """Parallel-R1 stage 1 as its write-up gives it: +1 only for a correct answer in a valid
-    parallel trace (the sampler's reading: Algorithm 1, no stray tag, nothing cut off), else -1.
+    parallel trace (`format.check_parallel`, on the sampler's reading), else -1.
     The default of rl-easy (`TrainConfig.easy_reward`); the released code's looser reading is `parallel`."""
-    return 1.0 if is_correct(text, problem) and uses_parallel(text, trace) else -1.0
+    return 1.0 if is_correct(text, problem) and check_parallel(trace).ok else -1.0
 
 
 @register("accuracy_parallel_bonus")
@@ -227,7 +130,7 @@ def accuracy_parallel_bonus(text: str, trace: Trace, problem: Problem) -> float:
       otherwise: wrong, or correct with a block the check fails       -1.0
     As the released code does, it reads the text (tags kept), not `trace`: it counts the block
     openers in it and asks the released format check (`format.check_released_format`, looser than
-    `uses_parallel` in four places), so a correct answer whose block the check fails earns less
+    Algorithm 1 in four places), so a correct answer whose block the check fails earns less
     than one without a block. Under NPR's tags the check is NPR's rules (`format.check_format`):
     the released check knows only Parallel-R1's. Departure: the answer is graded by nanopar's
     grader (`is_correct`), not the released one's last 300 characters.
@@ -248,8 +151,8 @@ def accuracy_parallel_bonus(text: str, trace: Trace, problem: Problem) -> float:
 
 @register("accuracy_times_parallel")
 def accuracy_times_parallel(text: str, trace: Trace, problem: Problem) -> float:
-    """accuracy x [uses parallel]: +1 correct with a block, -1 wrong with a block, 0 without one."""
-    if not uses_parallel(text, trace):
+    """accuracy x [a valid parallel trace]: +1 correct in one, -1 wrong in one, 0 without one."""
+    if not check_parallel(trace).ok:
         return 0.0
     return 1.0 if is_correct(text, problem) else -1.0
 
@@ -259,8 +162,8 @@ def accuracy_times_parallel(text: str, trace: Trace, problem: Problem) -> float:
 # -1, 0 or +1 for neither, one or both.
 @register("valid_parallel")
 def valid_parallel(text: str, trace: Trace, problem: Problem) -> float:
-    """+1 for a valid parallel trace (`uses_parallel`), right or wrong, else -1."""
-    return 1.0 if uses_parallel(text, trace) else -1.0
+    """+1 for a valid parallel trace (`format.check_parallel`), right or wrong, else -1."""
+    return 1.0 if check_parallel(trace).ok else -1.0
 
 
 @register("answered")
@@ -321,7 +224,7 @@ def names_user_rewards(text: str) -> bool:
     (False, False, True)
     """
     words = {word.strip() for part in text.split(",") for word in part.split(":")} - {""}
-    return any(word not in BUILT_IN | _RESERVED and not _is_number(word) for word in words)
+    return any(word not in BUILT_IN | SCHEDULE_WORDS and not _is_number(word) for word in words)
 
 
 def _is_number(word: str) -> bool:
@@ -360,126 +263,6 @@ def score(spec: str | dict[str, float], text: str, trace: Trace, problem: Proble
     # rollout whose mask and positions it cannot build, or that is overlong, and keeps a
     # well-formed sequential one (the accuracy reward then judges it)
     return RewardResult(total, components, answer_grade, check_well_formed(trace).ok)
-
-
-# ----------------------------------------------------------------------------- schedules
-
-
-class RewardSchedule(Protocol):
-    def spec(self, step: int) -> dict[str, float]:
-        """The weighted reward spec to use at training step `step` (0-based)."""
-        ...
-
-
-@dataclass(frozen=True)
-class Constant:
-    """The same spec at every step."""
-
-    weights: dict[str, float] | str = "accuracy"  # a spec: {name: weight} or "accuracy:1,format:0.2"
-
-    def __post_init__(self):
-        object.__setattr__(self, "weights", parse_reward_spec(self.weights))
-
-    def spec(self, step: int) -> dict[str, float]:
-        return dict(self.weights)
-
-
-@dataclass(frozen=True)
-class Alternating:
-    """Parallel-R1's alternating reward: in each window, the last `parallel_steps` steps use the
-    parallel spec, the others the accuracy spec (window 10, 2 parallel: steps 8, 9, 18, 19, ...).
-
-    The defaults are its released code's (`compute_score` in
-    verl/verl/utils/reward_score/math_dapo_acc_parallel_interved.py): accuracy when
-    (global_step - 1) % 10 < 8, else `accuracy_parallel_bonus`. verl counts its first step as 1 and
-    nanopar's `step` counts from 0, so step k is global_step k + 1: the same steps. With
-    parallel_spec "parallel-strict" ("alternating-strict") the parallel steps pay only a correct answer
-    in a valid parallel trace, the stricter reading of the write-up.
-
-    >>> s = Alternating()
-    >>> [next(iter(s.spec(k))) for k in (0, 7, 8, 9, 10)]
-    ['accuracy', 'accuracy', 'accuracy_parallel_bonus', 'accuracy_parallel_bonus', 'accuracy']
-    """
-
-    accuracy_spec: dict[str, float] | str = "accuracy"  # most steps: accuracy only
-    parallel_spec: dict[str, float] | str = "accuracy_parallel_bonus"  # the rest: 1.2 correct in a block, 1.0 correct without
-    window: int = 10  # steps per window
-    parallel_steps: int = 2  # steps per window, at its end, that use `parallel_spec`
-
-    def __post_init__(self):
-        if self.window < 1 or not 0 <= self.parallel_steps <= self.window:
-            raise NanoparError(
-                f"alternating schedule needs window >= 1 and 0 <= parallel steps <= window, "
-                f"got window={self.window}, parallel_steps={self.parallel_steps}"
-            )
-        object.__setattr__(self, "accuracy_spec", parse_reward_spec(self.accuracy_spec))
-        object.__setattr__(self, "parallel_spec", parse_reward_spec(self.parallel_spec))
-
-    def spec(self, step: int) -> dict[str, float]:
-        in_parallel_part = step % self.window >= self.window - self.parallel_steps
-        return dict(self.parallel_spec if in_parallel_part else self.accuracy_spec)
-
-
-@dataclass(frozen=True)
-class TwoPhase:
-    """Parallel-R1's exploration scaffold: `scaffold` for steps < first_steps, then `after`
-    (which counts its own steps from 0 at the switch).
-
-    >>> s = TwoPhase(first_steps=20)
-    >>> s.spec(19), s.spec(20)
-    ({'accuracy_parallel_bonus': 1.0}, {'accuracy': 1.0})
-    """
-
-    first_steps: int = 200  # steps of the scaffold phase (the paper: about 200)
-    scaffold: RewardSchedule = field(default_factory=Alternating)  # phase 1
-    after: RewardSchedule = field(default_factory=Constant)  # phase 2 (default: accuracy only)
-
-    def __post_init__(self):
-        if self.first_steps < 0:
-            raise NanoparError(f"two-phase schedule needs first_steps >= 0, got {self.first_steps}")
-
-    def spec(self, step: int) -> dict[str, float]:
-        if step < self.first_steps:
-            return self.scaffold.spec(step)
-        return self.after.spec(step - self.first_steps)
-
-
-def schedule_from_string(text: str) -> RewardSchedule:
-    """A schedule from a command-line flag.
-
-      "accuracy:1,format:0.2"                      Constant(that spec); also "constant:SPEC"
-      "alternating[:WINDOW[:PARALLEL_STEPS]]"      Alternating as released (defaults 10, 2)
-      "two-phase[:FIRST[:WINDOW[:PARALLEL_STEPS]]]" TwoPhase over it (defaults 200, 10, 2)
-      "alternating-strict[...]", "two-phase-strict[...]"  the same, `parallel-strict` on the parallel steps
-
-    >>> schedule_from_string("two-phase-strict:100:5:1")
-    TwoPhase(first_steps=100, scaffold=Alternating(accuracy_spec={'accuracy': 1.0}, parallel_spec={'parallel-strict': 1.0}, window=5, parallel_steps=1), after=Constant(weights={'accuracy': 1.0}))
-    >>> schedule_from_string("alternating:ten")
-    Traceback (most recent call last):
-    ...
-    nanopar.NanoparError: schedule 'alternating:ten': 'ten' is not a whole number (alternating[:WINDOW[:PARALLEL_STEPS]])
-    """
-    kind, _, rest = text.strip().partition(":")
-    if kind == "constant":
-        return Constant(rest)
-    forms = {"alternating": "[:WINDOW[:PARALLEL_STEPS]]", "two-phase": "[:FIRST_STEPS[:WINDOW[:PARALLEL_STEPS]]]"}
-    base = kind.removesuffix("-strict")
-    if base not in forms:
-        return Constant(text)
-    numbers = []
-    for part in rest.split(":") if rest else []:
-        try:
-            numbers.append(int(part))
-        except ValueError:
-            raise NanoparError(f"schedule {text!r}: {part!r} is not a whole number ({kind}{forms[base]})") from None
-    if len(numbers) > (2 if base == "alternating" else 3):
-        raise NanoparError(f"schedule {text!r}: too many numbers ({kind}{forms[base]})")
-    parallel_spec = "parallel-strict" if kind.endswith("-strict") else "accuracy_parallel_bonus"
-    if base == "alternating":
-        return Alternating(parallel_spec=parallel_spec, **dict(zip(("window", "parallel_steps"), numbers)))
-    first_steps = numbers[0] if numbers else 200
-    return TwoPhase(first_steps, Alternating(parallel_spec=parallel_spec,
-                                             **dict(zip(("window", "parallel_steps"), numbers[1:]))))
 
 
 # ----------------------------------------------------------------------------- TRL adapter

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 # The suite runs in two pytest-xdist workers (pyproject's addopts) beside the scripts some tests
 # start: more OpenMP threads than cores, whose spin-waiting runs 10-20x slower when the cores are
@@ -323,10 +324,11 @@ def text_rollout(prompt: list[int], ids: list[int], tag_ids: TagIds, finish: str
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    """A private copy of the reward registry, so a test's rewards do not outlive it."""
-    monkeypatch.setattr(rewards, "REWARDS", dict(rewards.REWARDS))
-    return rewards.REWARDS
+def registry():
+    """The reward registry, restored in place when the test ends, so a test's rewards do not
+    outlive it (in place: the registry module and `nanopar.rewards` name the same dict)."""
+    with mock.patch.dict(rewards.REWARDS):
+        yield rewards.REWARDS
 
 
 def reward_file(folder: Path, name: str, shorter_than: int) -> Path:

@@ -1,11 +1,12 @@
-"""The rewards, their registry, schedules and the TRL adapter (rewards.py). Grading: test_grading.py."""
+"""The rewards, their registry, schedules and the TRL adapter (rewards.py, reward_registry.py,
+reward_schedules.py). Grading: test_grading.py."""
 
 import pytest
 
 from conftest import PARALLEL_CASES, one_line
 from nanopar import NanoparError, rewards
 from nanopar.data import Problem
-from nanopar.format import check_well_formed
+from nanopar.format import check_parallel, check_well_formed
 from nanopar.grading import Grade, grade
 from nanopar.rewards import (
     Alternating,
@@ -103,7 +104,7 @@ def test_rewards_read_token_id_traces():
     tags = TagIds(1000, 1001, 1002, 1003, 1004, 1005)
     ids = [7, 1000, 1002, 8, 1003, 1002, 9, 1003, 1001, 1004, 5, 1005, 6]  # a valid block
     trace = parse_ids(ids, tags)
-    assert rewards.uses_parallel(TRACES["valid"], trace)
+    assert check_parallel(trace).ok
     assert score("parallel-strict", TRACES["valid"], trace, RIGHT).total == 1.0
 
 
@@ -170,7 +171,7 @@ def test_parallel_rewards_use_the_one_validity_predicate_and_papo_keeps_what_can
         "accuracy_times_parallel": 1.0 if valid else 0.0,
         "npr_format": NPR_FORMAT[name],
     }
-    assert valid == rewards.uses_parallel(text, parse_trace(text))
+    assert valid == check_parallel(parse_trace(text)).ok
     assert result.layout_ok == (name in LAID_OUT) == check_well_formed(parse_trace(text)).ok  # what PAPO keeps
 
 
