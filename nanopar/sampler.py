@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
-from .draw_in_place import draw, draws_in_place
+from .draw_in_place import DRAW_IN_PLACE_FROM_VOCAB, draw, draws_in_place
 from .policy import Policy
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -131,7 +131,15 @@ class _Block:
         self.pieces = [None] * len(self.paths)
 
     def keep_piece(self, k: int, cache: LaneCache, row: int) -> None:
-        """Path k is closed on cache row `row`: keep its columns (path 0 with the shared prefix)."""
+        """Path k is closed on cache row `row`: keep its columns. Every branch's row starts with the
+        same prefix (a copy of the parent's), so path 0's piece keeps it and the others keep only
+        their own tokens: joined, the pieces are the prefix once, then each path as decoded.
+
+            path 0's row   q a b P A x /      piece 0: q a b P A x /   (all of it)
+            path 1's row   q a b P A y y /    piece 1:         A y y / (its last len(path 1) columns)
+            path 2's row   q a b P A z z z /  piece 2:         A z z z /
+            merged_row     q a b P A x / A y y / A z z z /
+        """
         whole = cache.lens[row]
         start = 0 if k == 0 else whole - len(self.paths[k].ids)
         self.pieces[k] = cache.piece(row, start, whole)
@@ -188,7 +196,7 @@ def sample(
     settings: SamplerSettings,  # budgets and draw knobs
     eos_ids: list[int],
     samples_per_prompt: int = 1,  # G: responses per prompt (prompt-major order)
-    lane_cache: type[LaneCache] = LazyLaneCache,  # the plain LaneCache samples the very same tokens, slower
+    lane_cache: type[LaneCache] | None = None,  # None: `cache_for_vocabulary`; either samples the very same tokens
 ) -> list[Rollout]:
     """Sample responses to `prompts` (lists of token ids) with parallel branches."""
     settings.check()
@@ -214,6 +222,13 @@ def sample(
     return rollouts
 
 
+def cache_for_vocabulary(vocabulary: int) -> type[LaneCache]:
+    """The lane cache `sample` uses for a model of `vocabulary` logits: the lazy one from the draw's
+    threshold (a real model, where the copies it spares matter), the plain one below it (the toy,
+    tiny models), where a debugger steps through the copy a reader expects."""
+    return LazyLaneCache if vocabulary >= DRAW_IN_PLACE_FROM_VOCAB else LaneCache
+
+
 class _Decoder:
     """One call of `sample`: the lanes, their cache, and the decode loop.
 
@@ -225,7 +240,7 @@ class _Decoder:
     """
 
     def __init__(self, model, policy: Policy, settings: SamplerSettings, eos: set[int], generator,
-                 lane_cache: type[LaneCache]):
+                 lane_cache: type[LaneCache] | None):
         self.model, self.policy, self.settings, self.eos, self.generator = model, policy, settings, eos, generator
         self.lane_cache = lane_cache
         self.tags = policy.tag_ids
@@ -265,6 +280,18 @@ class _Decoder:
                     kept.append((row, lane))
             kept = [(row, lane) for row, lane in kept if not self.responses[lane.response].finish]
             merged = [(piece, lane) for piece, lane in merged if not self.responses[lane.response].finish]
+            # The one place the KV cache is copied. `kept` names, lane by lane, the cache row it goes on
+            # from: a fork lists its parent's row K times (the copy of the prefix), a finished lane is
+            # not listed. `merged` brings one new row per block just closed, its pieces joined. Say
+            # row 1 forked (K = 3) and row 2 closed the last path of a block whose pieces are p0 p1 p2:
+            #
+            #   rows before     kept            merged             rows after
+            #   0: q a          [0, 1, 1, 1]    [p0 ‖ p1 ‖ p2]     0: q a    1, 2, 3: r P    4: p0 p1 p2
+            #   1: r P
+            #   2: s P A z /
+            #
+            # `LaneCache.rebuild` copies at once; the default at a real vocabulary, `LazyLaneCache`,
+            # records the rows and builds them in the copy the next forward's append makes anyway.
             if len(kept) != len(lanes) or merged or any(source != row for row, (source, _) in enumerate(kept)):
                 self.cache.rebuild([row for row, _ in kept], [piece for piece, _ in merged])
             lanes = [lane for _, lane in kept + merged]
@@ -292,7 +319,8 @@ class _Decoder:
             input_ids=ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
             cache=DynamicCache() if self.window else None, use_cache=True, logits_to_keep=last,
         )
-        self.cache = self.lane_cache(out.cache, [len(p) for p in prompts], self.settings.longest_row(T))
+        kind = self.lane_cache or cache_for_vocabulary(out.logits.shape[-1])
+        self.cache = kind(out.cache, [len(p) for p in prompts], self.settings.longest_row(T))
         rows = [p for p in range(len(prompts)) for _ in range(samples_per_prompt)]
         if samples_per_prompt > 1:
             self.cache.rebuild(rows, [])
