@@ -8,10 +8,10 @@ MASTER_ADDR / MASTER_PORT in the environment); `init` joins them into one proces
 when the model is on a GPU (one GPU per process, cuda:LOCAL_RANK), gloo on a CPU. Every process
 holds a whole model replica and works on its share of a step: GRPO's prompts (whole groups),
 SFT's traces, an evaluation's sampler calls; what must be the step's, not the share's, goes
-through the helpers here: `all_reduce` (a sum), `all_reduce_gradients` (the optimiser step),
-`share` / `unshare` (deal a list out round-robin, gather it back in its order), `gather` (every
-rank's object), `barrier`. Rank 0 alone writes files and prints (`is_main`, `console`,
-`error_exit`).
+through the helpers here: `all_reduce` (a sum; `sum_each`: several numbers in one),
+`all_reduce_gradients` (the optimiser step), `share` / `unshare` (deal a list out round-robin,
+gather it back in its order), `gather` (every rank's object), `barrier`. Rank 0 alone writes
+files and prints (`is_main`, `console`, `error_exit`).
 
 Without torchrun (WORLD_SIZE unset or 1) nothing here starts a process group and every helper
 returns its input untouched: a single process runs exactly the code and numbers it always did.
@@ -157,6 +157,19 @@ def sum_over_ranks(value: float, what: str = "a sum over processes") -> float:
     if not active():
         return value
     return all_reduce(torch.tensor(float(value), dtype=torch.float64), what).item()
+
+
+def sum_each(values: dict[str, float], what: str = "sums over processes") -> dict[str, float]:
+    """Each number of `values` summed over every process, all in one all-reduce (float64);
+    `values` itself in a single process.
+
+    >>> sum_each({"tokens": 12, "loss": 0.5})  # one process: its numbers are the sums
+    {'tokens': 12, 'loss': 0.5}
+    """
+    if not active():
+        return values
+    summed = all_reduce(torch.tensor([float(v) for v in values.values()], dtype=torch.float64), what)
+    return dict(zip(values, summed.tolist()))
 
 
 def any_rank(flag: bool, what: str = "a vote of the processes") -> bool:

@@ -3,51 +3,25 @@
     sample G responses per prompt -> reward each -> drop invalid -> group advantages -> update
 
 "GRPO" as nanopar runs it, nothing hidden:
-  - G responses per prompt (the sampler); one reward per response (rewards.py);
-  - advantage = (r - group mean) / (group std + eps) ("zscore"), r - group mean ("mean"), or
-    (r - group mean) / (std of the batch's rewards + eps) ("batch": PAPO's batch-level
-    normalisation); a group whose rewards are all equal teaches nothing: its advantages are 0,
-    and without a KL term the update does not read a row whose advantage is 0 (such a group's, or
-    a reward equal to its group's mean): its gradient is exactly 0, and its tokens still count in
-    the loss's divisor, so the step is the one that reads every row, up to rounding (`read_rows`
-    logs the share read; the logged entropy and sampler-trainer gap are over those rows);
-  - the loss is token-level over *sampled* tokens only (prompt and inserted tags excluded:
-    the policy never drew them; both released codes train the inserted ones too: NPR's
-    tokenizes the finished text again, Parallel-R1's engine sets its response mask to 1 on every
-    token, its lines that would zero the inserted ones commented out, `append_tokens` in
-    verl/verl/parallel_thinking_generation_v3/parallel_thinking_loop_v3.py), aggregated over the
-    whole rollout batch before it is cut into micro-batches (`loss_agg`): "token-mean" (the
-    default) sums it and divides by the batch's sampled tokens, so every token weighs alike and
-    a long response more than a short one; "seq-mean-token-mean" (verl's name) takes each
-    response's mean over its tokens, then the mean over the responses, so every response weighs
-    alike, as NPR's released run does (docs/recipes.md "Simplifications" compares both codes);
-  - on-policy by default: one update per batch, so the ratio pi/pi_old is exactly 1 and the
-    loss is plain -A * log pi (its gradient is the policy gradient): pi_old is the training
-    read itself, detached, not a second forward; with `updates > 1` the PPO-style clipped ratio
-    applies (pi_old = the policy before the first update, read once), below at 1 - clip and
-    above at 1 + clip_high (clip-higher; by default clip_high = clip); every update is over the
-    whole batch (the released codes step once per mini-batch instead) and there is no dual
-    clip (verl bounds a negative advantage's ratio at clip_ratio_c: 3 in Parallel-R1, 10 in NPR);
-  - not DAPO, for NPR's format RL too (its code's stage 1 is DAPO): on-policy, so no ratio to
-    clip higher, and an all-equal group is not replaced by fresh samples unless `filter_groups`
-    asks for DAPO's dynamic sampling (dynamic_sampling.py; off, as in both papers' released runs);
-  - optional KL to a frozen reference (beta = 0 by default), the k3 estimator
-    exp(ref - new) - (ref - new) - 1; the reference is the policy at the start of the stage
-    (after SFT: the SFT adapter, not the base model; see `Reference`);
-  - PAPO's rule (NPR) as a switch: rollouts the layout cannot lay out (stray tags, a block that
-    breaks the schema, cut inside a block: `RewardResult.layout_ok`) are dropped *before* the
-    advantages, so means and stds are over the kept rollouts only; a well-formed sequential
-    rollout is kept, as NPR's released code keeps it; a group left with one rollout is measured
-    against 0 (advantage r / batch std), as NPR's released code does; PAPO is on-policy, so a
-    stage that drops takes `updates = 1` (more is refused: it would bring a clipped ratio back);
-  - gradient accumulation over micro-batches (a number of rows, or rows packed under a token
-    budget), gradient-norm clipping, a non-finite step skipped;
-  - under torchrun (distributed.py) each process samples and scores its share of the prompts,
-    whole groups, so group advantages stay on one process; PAPO's batch std, the sampled-token
-    count the loss divides by and the gradients are summed over the processes, so the step is
-    the one a single process would take on every prompt (the step's metrics too).
-Not here: how the sampler or a reward works (sampler.py, rewards.py), the optimiser's
-construction (optim.py), which problems a step takes, logging and checkpoints (runner.py).
+  - G responses per prompt (the sampler), one reward per response (rewards.py); PAPO's rule (NPR,
+    `drop_invalid`) drops the rollouts the layout cannot lay out *before* the advantages;
+  - advantage (`group_advantages`): (r - group mean) / (group std + eps) "zscore", r - group mean
+    "mean", or over the std of the batch's rewards "batch" (PAPO); an all-equal group's are 0;
+  - the loss (`policy_loss`): -A * ratio over *sampled* tokens only (prompt and inserted tags
+    excluded), divided by the whole batch's sampled tokens or responses (`loss_agg`); on-policy by
+    default, so the ratio is 1 and pi_old is the training read detached; with `updates > 1` the
+    PPO-style clipped ratio; optional KL (k3) to a frozen `Reference`, the stage's starting policy;
+  - the update (`grpo_update`): forward -> loss -> backward over micro-batches, gradient-norm
+    clipping, a non-finite step skipped; a row whose advantage is 0 is not read (without a KL term
+    its gradient is exactly 0);
+  - under torchrun (distributed.py) each process samples whole groups of the step's prompts; what
+    belongs to the step (PAPO's batch std, the update's denominators, the gradients, the metrics)
+    is summed over the processes, so the step is the one a single process would take.
+Where this departs from the papers' released codes (inserted tags untrained, no mini-batches or
+dual clip, NPR's format RL not DAPO, the group std over n): docs/recipes.md, "Simplifications".
+Not here: how the sampler or a reward works (sampler.py, rewards.py), DAPO's dynamic sampling
+(dynamic_sampling.py), the optimiser (optim.py), which problems a step takes, logging and
+checkpoints (runner.py).
 """
 
 from __future__ import annotations
@@ -103,11 +77,13 @@ class GRPOSettings:
     def __post_init__(self):
         head_read_for(self.head_read, 0)  # a clear error now for an unknown read, not at the first update
         check_loss_agg(self.loss_agg)
+        if self.updates < 1:
+            raise NanoparError(f"a step makes at least one update: --updates {self.updates} is below 1")
+        if self.max_draws < 1:
+            raise NanoparError(f"a step makes at least one draw: --max-draws {self.max_draws} is below 1")
         # PAPO is on-policy (ratio 1, no clip); NPR's released code pins its ratio to 1 whatever its
         # mini-batches (npr-rl/verl/workers/actor/dp_actor.py, update_policy: on_policy = True). A
         # second update here would read pi_old from before the first and clip the ratio.
-        if self.max_draws < 1:
-            raise NanoparError(f"a step makes at least one draw: --max-draws {self.max_draws} is below 1")
         if self.drop_invalid and self.updates != 1:
             raise NanoparError(f"PAPO (a stage that drops invalid rollouts) is on-policy, ratio 1 and no clip: "
                                f"it needs --updates 1, not {self.updates}")
@@ -268,8 +244,8 @@ def batch_std(survivors: torch.Tensor, unbiased: bool = False) -> torch.Tensor:
 
 
 def rollout_batch(rollouts, pad_id: int, device="cpu") -> TokenBatch:
-    """prompt + response rows; the loss weight is 1 on sampled tokens, 0 on inserted ones (the
-    released codes weigh inserted tags 1 too: the module docstring)."""
+    """prompt + response rows; the loss weight is 1 on sampled tokens, 0 on inserted ones (both
+    released codes weigh inserted tags 1 too: docs/recipes.md, "Simplifications")."""
     return make_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
                       [[float(s) for s in r.sampled] for r in rollouts], pad_id, device,
                       recorded=[r.logprobs for r in rollouts])
@@ -287,7 +263,7 @@ def policy_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, 
     high = clip if clip_high is None else clip_high
     ratio = torch.exp(new - old)  # [b, T-1] exactly 1 on the first update
     A = advantages[:, None]  # [b, 1]
-    per_token = -torch.min(ratio * A, ratio.clamp(1 - clip, 1 + high) * A)  # [b, T-1]
+    per_token = -torch.min(ratio * A, ratio.clamp(1 - clip, 1 + high) * A)  # [b, T-1] no dual clip (verl's)
     if ref is not None and kl_beta > 0:
         per_token = per_token + kl_beta * (torch.exp(ref - new) - (ref - new) - 1)  # k3 >= 0
     if agg == "seq-mean-token-mean":
@@ -332,30 +308,48 @@ def has_kl_term(reference: Reference | None, settings: GRPOSettings) -> bool:
     return reference is not None and settings.kl_beta > 0
 
 
+@dataclass
+class Denominators:
+    """What `grpo_update` divides by, counted once before it reads a row: over every process's
+    rollouts under torchrun (a process may hold none), its own in one process."""
+    loss: torch.Tensor  # [] the loss's: sampled tokens ("token-mean") or responses ("seq-mean-token-mean"), >= 1
+    tokens_read: float  # sampled tokens of the rows the update reads: the logged entropy and gap are means over them
+    rows_read: float  # the share of the batch's responses the update reads (`read_rows`)
+
+
+def denominators(batch: TokenBatch, micros: list[TokenBatch], agg: str) -> Denominators:
+    """The update's denominators from its whole batch and the micro-batches it reads, in one sum
+    over the processes."""
+    counts = distributed.sum_each({"tokens": batch.target_mask.sum().item(), "responses": len(batch),
+                                   "tokens_read": sum(micro.target_mask.sum().item() for micro in micros),
+                                   "rows_read": sum(map(len, micros))}, "the count of the step's rows and tokens")
+    loss = counts["tokens"] if agg == "token-mean" else counts["responses"]
+    return Denominators(torch.tensor(float(max(loss, 1)), device=batch.target_mask.device),
+                        max(counts["tokens_read"], 1), counts["rows_read"] / counts["responses"])
+
+
+def rows_to_read(advantages: torch.Tensor, kl: bool) -> list[int]:
+    """The rows the update reads, advantages [N] -> indices: all of them with a KL term, else those
+    whose advantage is not 0. A row whose advantage is 0 adds exactly 0 to the loss's gradient
+    (-min(r A, clip(r) A) = 0) unless a KL term holds it (a group of one reward, a reward equal to
+    its group's mean); the loss's divisor still counts its tokens, so the gradient is the one of
+    every row, up to rounding."""
+    return list(range(len(advantages))) if kl else advantages.ne(0).nonzero().flatten().tolist()
+
+
 def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Tensor, policy: Policy,
                 settings: GRPOSettings, pad_id: int, reference: Reference | None = None, scheduler=None,
                 scaler=None) -> dict:
     """`settings.updates` optimiser steps on one rollout batch. -> metrics of the last step"""
     device = next(model.parameters()).device
     batch = rollout_batch(rollouts, pad_id, device)
-    # sampled tokens in the whole batch: of every process's under torchrun (one may hold none)
-    total = distributed.all_reduce(batch.target_mask.sum(), "the count of the step's tokens").clamp(min=1)
-    divisor = total  # "token-mean": the loss is over the batch's sampled tokens
-    if settings.loss_agg == "seq-mean-token-mean":  # over the batch's responses, each its own token mean
-        divisor = distributed.all_reduce(torch.tensor(float(len(rollouts)), device=device),
-                                         "the count of the step's responses").clamp(min=1)
-    # a row whose advantage is 0 adds exactly 0 to the loss's gradient (-min(r A, clip(r) A) = 0) unless
-    # a KL term holds it: it is not read (a group of one reward, a reward equal to its group's mean);
-    # the divisor above still counts its tokens, so the gradient is the one of every row (up to rounding)
     kl = has_kl_term(reference, settings)
-    read = list(range(len(rollouts))) if kl else advantages.ne(0).nonzero().flatten().tolist()  # rows of the batch
-    lengths = batch.lengths()
+    read, lengths = rows_to_read(advantages, kl), batch.lengths()  # rows of the batch; tokens of each row
     groups = [[read[j] for j in rows] for rows in micro_batches([lengths[i] for i in read], settings.micro_batch,
                                                                 settings.micro_batch_tokens)]
     micros = [batch.rows(rows) for rows in groups]
+    denominator = denominators(batch, micros, settings.loss_agg)  # the whole step's, before any row is read
     advantages = advantages.to(device)  # [N]
-    tokens_read = distributed.all_reduce(sum((m.target_mask.sum() for m in micros), torch.zeros((), device=device)),
-                                         "the count of the tokens the update reads").clamp(min=1)
     model.train()
     logprobs = lambda micro: trace_logprobs(model, micro, policy, head_read=settings.head_read)[0]  # [b, T-1]
     with torch.no_grad():  # pi_old (only off-policy: on-policy it is the training read) and the reference, once
@@ -364,15 +358,15 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
         if kl:
             with reference.active():
                 ref = [logprobs(micro) for micro in micros]
-    metrics, gap = {}, 0.0
-    for update in range(settings.updates):
+    gap = 0.0
+    for update in range(settings.updates):  # each over the whole batch (the released codes: one mini-batch each)
         optimizer.zero_grad(set_to_none=True)
         loss_sum, entropy_sum = 0.0, 0.0
         for j, (rows, micro) in enumerate(zip(groups, micros)):
-            new, entropy = trace_logprobs(model, micro, policy, with_entropy=True,  # [b, T-1] each
+            new, entropy = trace_logprobs(model, micro, policy, with_entropy=True,  # forward: [b, T-1] each
                                            head_read=settings.head_read)
             before = new.detach() if old is None else old[j]  # [b, T-1] pi_old
-            loss = policy_loss(new, before, advantages[rows], micro.target_mask, divisor, settings.clip,
+            loss = policy_loss(new, before, advantages[rows], micro.target_mask, denominator.loss, settings.clip,
                                None if ref is None else ref[j], settings.kl_beta, settings.upper_clip, settings.loss_agg)
             backward(loss, scaler)
             loss_sum += loss.item()
@@ -380,8 +374,8 @@ def grpo_update(model, optimizer, rollouts: list[Rollout], advantages: torch.Ten
             if update == 0:  # how far the trainer's reading is from the sampler's log-probs (~0 on-policy in fp32)
                 gap += ((before - micro.recorded) * micro.target_mask).abs().sum().item()
         norm, skipped = apply_gradients(model, optimizer, settings.max_grad_norm, scheduler, scaler)  # summed over processes
-        metrics = {"loss": distributed.sum_over_ranks(loss_sum), "grad_norm": norm, "skipped_step": skipped,
-                   "entropy": distributed.sum_over_ranks(entropy_sum) / tokens_read.item()}  # over the rows read
-    metrics["logprob_gap"] = distributed.sum_over_ranks(gap) / tokens_read.item()
-    metrics["read_rows"] = distributed.sum_over_ranks(len(read)) / distributed.sum_over_ranks(len(rollouts))
-    return metrics
+    sums = distributed.sum_each({"loss": loss_sum, "entropy": entropy_sum, "gap": gap},
+                                "the sum of the step's loss, entropy and gap")  # the last update's loss and entropy
+    return {"loss": sums["loss"], "grad_norm": norm, "skipped_step": skipped,
+            "entropy": sums["entropy"] / denominator.tokens_read, "logprob_gap": sums["gap"] / denominator.tokens_read,
+            "read_rows": denominator.rows_read}

@@ -291,6 +291,11 @@ def gradient_job(bucket_bytes: int) -> list:
     return [both.grad, rank_0.grad, neither.grad, wide.grad]
 
 
+def sums_job() -> dict:
+    """`sum_each` on numbers that differ by rank: a count (0 and 1) and a fraction (0.25 and 1.25)."""
+    return distributed.sum_each({"count": distributed.rank(), "fraction": distributed.rank() + 0.25}, "test sums")
+
+
 @pytest.fixture(scope="module")
 def two(tmp_path_factory) -> list[dict]:
     """Every job on two processes, once: [{job name: result} of rank 0, of rank 1]."""
@@ -298,6 +303,7 @@ def two(tmp_path_factory) -> list[dict]:
     jobs = [(f"grpo {case}", grpo_job, (case,)) for case in GRPO_CASES]
     jobs += [(f"sft {tokens}", sft_job, (tokens,)) for tokens in (0, 300)]
     jobs += [(f"gradients {size}", gradient_job, (size,)) for size in (12, 2**20)]
+    jobs += [("sums", sums_job, ())]
     jobs += [("eval.py", eval_script_job, (str(folder / "eval"),))]
     jobs += [("evaluation", evaluation_job, ()), ("distill", distill_job, ()),
              ("bad step", bad_step_job, (str(folder / "run"),)), ("rescore", rescore_job, (str(folder / "rescore"),))]
@@ -351,6 +357,11 @@ def test_gradients_are_summed_over_the_processes_and_one_that_none_computed_stay
         assert both.tolist() == [3.0] * 3 and rank_0.tolist() == [1.0, 2.0, 3.0]  # rank 1 counted zeros
         assert neither is None  # AdamW leaves it and its state alone, as one process would
         assert wide.dtype == torch.float64 and wide.tolist() == [2.0, 2.0]
+
+
+@pytest.mark.slow
+def test_several_numbers_are_summed_over_the_processes_in_one_call(two):
+    assert two[0]["sums"] == two[1]["sums"] == {"count": 1.0, "fraction": 1.5}
 
 
 @pytest.mark.slow
@@ -460,6 +471,8 @@ def test_a_single_process_starts_no_group_and_every_helper_returns_its_input():
     t = torch.tensor([1.0, 2.0])
     assert distributed.all_reduce(t) is t and distributed.sum_over_ranks(2.5) == 2.5
     assert distributed.any_rank(False) is False and distributed.gather("x") == ["x"]
+    numbers = {"tokens": 12, "loss": 0.5}
+    assert distributed.sum_each(numbers) is numbers
     items = [1, 2, 3]
     assert distributed.share(items) == items and distributed.unshare(items) is items
     distributed.check_divides(3, "--prompts-per-step")  # anything splits over one process

@@ -587,6 +587,8 @@ def test_papo_is_on_policy_so_more_than_one_update_is_refused(tmp_path):
         GRPOSettings(drop_invalid=True, updates=2)
     assert "\n" not in str(refused.value)
     assert GRPOSettings(updates=2).updates == 2  # a stage that drops nothing may go off-policy
+    with pytest.raises(NanoparError, match=r"^a step makes at least one update: --updates 0 is below 1$"):
+        GRPOSettings(updates=0)  # no update would leave the step without a loss or a gradient norm to log
     config = train.resolved_config(["--recipe", "npr", "--updates", "2", "--out", str(tmp_path / "run")])[0]
     with pytest.raises(NanoparError, match=r"parallel-rl: PAPO .*--updates 1, not 2"):
         open_run(config)
