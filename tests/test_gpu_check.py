@@ -14,7 +14,7 @@ from nanopar.rewards import REWARDS
 
 sys.path.append(str(ROOT / "bench"))  # as `python bench/gpu_check.py` has it: its helpers beside it
 import gpu_check  # noqa: E402
-import memory_plan  # noqa: E402
+import memory  # noqa: E402
 
 NAME = "tiny-qwen2"
 QUICK_CHECKS = ["pre-flight",  # the rows of a --quick run, in order
@@ -22,8 +22,8 @@ QUICK_CHECKS = ["pre-flight",  # the rows of a --quick run, in order
                 f"{NAME}: head reads' gradients, chunked vs plain, float32", f"{NAME}: the float32 model freed without gc.collect()",
                 f"{NAME}: 4-bit + LoRA + tag rows loaded", f"{NAME}: log-probs, sampler vs training read, float32, 4-bit",
                 f"{NAME}: head reads' gradients, chunked vs plain, float32, 4-bit",
-                f"{NAME}: cycle 1, sample -> update", f"{NAME}: cycle 1, peak memory vs memory_plan.py",
-                f"{NAME}: cycle 2, sample -> update", f"{NAME}: cycle 2, peak memory vs memory_plan.py",
+                f"{NAME}: cycle 1, sample -> update", f"{NAME}: cycle 1, peak memory vs the memory plan",
+                f"{NAME}: cycle 2, sample -> update", f"{NAME}: cycle 2, peak memory vs the memory plan",
                 f"{NAME}: an evaluation batch of 4", f"{NAME}: attention kernel", f"{NAME}: prefill vs the floor",
                 f"{NAME}: decode step vs the floor", f"{NAME}: training micro-batch vs the floor",
                 "train.py --trial 2 --checkpoint-every 1, stopped and resumed", "run time"]
@@ -43,7 +43,7 @@ def test_quick_run_passes_with_every_check_run(tmp_path, capsys):
     assert REWARDS == rewards  # the cycles' reward was registered for them only
     # every check measured something; only the memory rows are n/a, and they say why
     not_applicable = [name for name, c in checks.items() if c["ok"] is None]
-    assert not_applicable == [f"{NAME}: cycle 1, peak memory vs memory_plan.py", f"{NAME}: cycle 2, peak memory vs memory_plan.py"]
+    assert not_applicable == [f"{NAME}: cycle 1, peak memory vs the memory plan", f"{NAME}: cycle 2, peak memory vs the memory plan"]
     assert all("a CPU has no memory fraction" in checks[name]["value"] for name in not_applicable)
     assert all(c["ok"] is True for name, c in checks.items() if name not in not_applicable)
     exact = checks[f"{NAME}: log-probs, sampler vs training read, float32"]["figures"]
@@ -77,7 +77,7 @@ def test_the_memory_rows_judge_the_plan(monkeypatch):
     monkeypatch.setattr(gpu_check, "CUDA", True)
     config = gpu_check.CheckConfig()
     shape = dict(prompts=8, micro_batch=2, checkpointing=False, longest_prompt=300)
-    plan = memory_plan.predict("qwen2.5-1.5b", prompts=8, samples=8, new_tokens=1024, prompt_tokens=300, paths=2,
+    plan = memory.predict("qwen2.5-1.5b", prompts=8, samples=8, new_tokens=1024, prompt_tokens=300, paths=2,
                                micro_batch=2, checkpointing=False)
     cache = plan["kv_cache"] * 0.8  # the sampler held 80% of the bound
 
@@ -85,7 +85,7 @@ def test_the_memory_rows_judge_the_plan(monkeypatch):
         sampling = (plan["sampling_peak"] - plan["kv_cache"] + cache) * scale
         figures = dict(shape, cache=cache, sampling_peak=(sampling, sampling * reserved),
                        training_peak=(plan["training_peak"] * scale, plan["training_peak"] * scale * reserved))
-        return gpu_check.check_cycle_memory("qwen2.5-1.5b", 1, figures, config).ok
+        return gpu_check.check_cycle_memory("qwen2.5-1.5b", figures, config)[0]
 
     assert judged(1.0) and judged(0.9) and judged(1.1, reserved=1.0)
     assert not judged(1.2) and not judged(0.8) and not judged(1.0, reserved=1.2)
