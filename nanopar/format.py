@@ -19,7 +19,7 @@ The format rules (`check_format`, the `format` reward) judge a text. Parallel-R1
   3. <Summary> is the next tag after </Parallel>;
   4. the stack is empty at the end;
   5. the number of <Summary> equals the number of </Parallel>.
-Text between tags is never inspected, and a trace without any tag is valid (and not parallel).
+Text between tags is never inspected, and a trace without any tag passes (it is not parallel).
 
 NPR's rules (our reading of its released prompt; `check_npr_tags` on the tags, three more on a text):
   1. a <guideline> holds one or more <plan>…</plan> and nothing else; nothing nests;
@@ -29,7 +29,7 @@ NPR's rules (our reading of its released prompt; `check_npr_tags` on the tags, t
   5. no text between the tags of a round (whitespace aside)                                [text]
   6. the answer comes after the last </takeaway>: text follows it                       [text]
 "Step i uses only plan i" and "the takeaway only analyses" are about meaning: not checked.
-A trace without tags is valid (and not parallel); a round with one plan is valid, not parallel.
+A trace without tags passes, and so does a round with one plan; neither is parallel.
 
 Algorithm 1 accepts tags the lenient reading (`trace.py`: what the sampler and layout follow)
 treats as stray text: a nested <Path>, a <Path>…</Path> after the summary. So the two readings of
