@@ -356,11 +356,10 @@ class Loaded:
                 f"{self.config.float32_bound:g}", dict(same=same, responses=len(lazy), max=worst))
 
     def head_gradients(self, exact: bool):
-        """The chunked head read's gradients (head.py) against the plain read's, under signed advantages."""
+        """The chunked head read's gradients (head.py's own road: no bias on the head here) against the plain
+        read's, on forked rollouts under signed advantages."""
         c, model = self.config, self.model
-        prompts = self.prompts(0, max(1, c.exact_prompts // 2))[1]  # the plain read's full logits: few rows
-        rollouts = sample(model, prompts, self.policy, SamplerSettings(paths=c.paths, max_new_tokens=c.exact_tokens,
-                                                                       seed=c.seed), [], 2)
+        rollouts = self.sampled_and_read()[0][: max(1, c.exact_prompts // 2) * 2]  # the plain read's full logits: few rows
         batch = rollout_batch(rollouts, self.pad, model.device)
         signs = torch.tensor([1.0, -1.0] * len(rollouts), device=model.device)[: len(rollouts), None]  # [N, 1] advantages
         grads = {}

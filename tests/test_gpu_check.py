@@ -78,7 +78,7 @@ def test_the_memory_rows_judge_the_plan(monkeypatch):
     config = gpu_check.CheckConfig()
     shape = dict(prompts=8, micro_batch=2, checkpointing=False, longest_prompt=300)
     plan = memory.predict("qwen2.5-1.5b", prompts=8, samples=8, new_tokens=1024, prompt_tokens=300, paths=2,
-                               micro_batch=2, checkpointing=False)
+                          micro_batch=2, checkpointing=False)
     cache = plan["kv_cache"] * 0.8  # the sampler held 80% of the bound
 
     def judged(scale: float, reserved: float = 1.05) -> bool:
