@@ -1,7 +1,7 @@
 """One call that decides whether nanopar is right on a GPU: every check a row, one verdict, exit 0 only if all hold.
 
     python bench/gpu_check.py --out gpu_check.json      # one CUDA GPU, offline: at most 8 minutes on an H100
-    python bench/gpu_check.py --quick --out quick.json  # a CPU: the same checks on a tiny Qwen2, a minute or two
+    python bench/gpu_check.py --quick --out quick.json  # a CPU: the same checks on a tiny Qwen2, 3-5 minutes
     python bench/gpu_check.py --only exactness,cycles   # some groups of checks (GROUPS); --help: every flag
 
 Nothing is downloaded: Qwen2.5-1.5B and Qwen3-1.7B are built from their published configs (MODELS)
