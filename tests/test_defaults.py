@@ -111,7 +111,7 @@ def train_help() -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         try:
-            train.main(["--help"])
+            train.main(["--help-all"])
         except SystemExit:
             pass
     return out.getvalue()
