@@ -17,7 +17,7 @@ leaves them. Off by default: neither paper's released run filters (NPR's runs DA
 "Carries a signal" is read on the rewards GRPO's advantages use: the members a PAPO stage keeps
 (`RewardResult.layout_ok`) when it drops invalid rollouts, all of them otherwise; a group needs two
 different rewards among them. Not here: sampling and scoring one draw (`grpo.sample_scored`), which
-problems a draw takes (runner.py), the advantages (`grpo.group_advantages`).
+problems a draw takes (stage_steps.py), the advantages (`grpo.group_advantages`).
 """
 
 from __future__ import annotations

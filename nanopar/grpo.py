@@ -20,8 +20,8 @@
 Where this departs from the papers' released codes (inserted tags untrained, no mini-batches or
 dual clip, NPR's format RL not DAPO, the group std over n): docs/recipes.md, "Simplifications".
 Not here: how the sampler or a reward works (sampler.py, rewards.py), DAPO's dynamic sampling
-(dynamic_sampling.py), the optimiser (optim.py), which problems a step takes, logging and
-checkpoints (runner.py).
+(dynamic_sampling.py), the optimiser (optim.py), which problems a step takes (stage_steps.py),
+logging and checkpoints (runner.py).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def grpo_step(model, tokenizer, optimizer, problems: list[Problem], prompts: lis
     return drawn.rollouts, rollout_metrics(every_rollout, every_result, G) | update | filtered | {
         "reward_spec": reward, "dropped_invalid": sum(settings.drop_invalid and not res.layout_ok for res in every_result),
         "skipped_no_signal": not learn,  # no update: nothing kept, or every advantage 0
-        "paid": [result.total for result in drawn.results],  # each rollout's reward (runner.py saves it with --save-rollouts)
+        "paid": [result.total for result in drawn.results],  # each rollout's reward (--save-rollouts saves it: stage_steps.py)
         "sample_seconds": sampled - started, "train_seconds": updated - sampled,  # sampling with its scoring
         "tokens_per_second": tokens / max(sampled - started, 1e-9),
         "kv_cache_mb": max(r.stats.peak_cache_bytes for r in every_rollout) / 2**20,  # the sampler's batched cache

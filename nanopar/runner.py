@@ -13,25 +13,23 @@
 A stage whose `final/` (or `traces.jsonl`) exists is done and skipped, and a stage with checkpoints
 resumes from the latest, when the command would train it the same way (else `open_run` refuses
 the folder, run_folder.py): model, optimiser, scheduler and RNG states, and the step. A training
-stage's loop is resume -> step -> log -> checkpoint, its step chosen before it: one SFT step
-(`sft.sft_step`) or one GRPO step (`grpo.grpo_step`) with the data of that step. Everything a
-step draws is seeded from (seed, stage, step), so a resumed run repeats exactly what the
-interrupted one would have done. Ctrl-C saves a checkpoint first. Under torchrun every process
-runs this loop on its share of each step (distributed.py) and rank 0 alone writes the folders,
-the log and the checkpoints; every process resumes from the same checkpoint. `open_run` makes a
-checked Runner from a resolved config. Not here: the stage lists (curriculum.py), what a run
-reads and checking it (run_inputs.py), held-out evaluation (heldout.py), the final table
-(results.py, show.py).
+stage's loop is resume -> step -> log -> checkpoint, its step chosen before it: one SFT or GRPO
+step with the data of that step (`StageSteps`, stage_steps.py), seeded from (seed, stage, step),
+so a resumed run repeats exactly what the interrupted one would have done. Ctrl-C saves a
+checkpoint first. Under torchrun every process runs this loop on its share of each step
+(distributed.py) and rank 0 alone writes the folders, the log and the checkpoints; every process
+resumes from the same checkpoint. `open_run` makes a checked Runner from a resolved config.
+Not here: the stage lists (curriculum.py), what a run reads and checking it (run_inputs.py), what
+a step takes (stage_steps.py), held-out evaluation (heldout.py), the final table (results.py,
+show.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 import transformers
@@ -43,24 +41,18 @@ from .config import save_config
 from .curriculum import Stage, TrainConfig, recipe, select, stage_folder, starting_stage
 from .data import write_jsonl
 from .distill import BUDGET_CUTS, keep_traces, nothing_kept
-from .evaluation import sample_record
-from .grpo import GRPOSettings, Reference, grpo_step
 from .heldout import HeldOut, forget_evaluation
 from .metrics import MetricsLog
 from .model import load_with_policy
 from .optim import loss_scaler, make_optimizer
 from .out_of_memory import EVALUATION, SAMPLING, advice, said
-from .pass_rate import signal_pool
 from .prompts import stop_ids
-from .rewards import schedule_from_string
 from .run_folder import check_out, check_reuse
 from .run_inputs import RunInputs
 from .sampler import SamplerSettings
-from .sft import sft_step
-from .show import progress, trace_tree
+from .show import progress
+from .stage_steps import ROLLOUTS, StageSteps
 from .tags import schema_named
-
-ROLLOUTS = "rollouts.jsonl"  # a GRPO stage's saved rollouts (--save-rollouts), beside its final/
 
 transformers.logging.disable_progress_bar()  # no "Writing model shards" bar at every checkpoint
 
@@ -76,6 +68,7 @@ class Runner:
         self.console = console or Console()
         self.schema = schema_named(config.schema)  # the tags every stage writes and reads
         self.inputs = RunInputs(config, stages, self.schema)  # problems, traces, prompts
+        self.steps = StageSteps(config, stages, self.inputs, self.log, self.console)  # a training stage's steps
         self.heldout = HeldOut(config, stages, self.inputs, self.log, self.console)  # each stage's model evaluated
 
     # --- the loop -------------------------------------------------------------------------------
@@ -98,9 +91,11 @@ class Runner:
         MetricsLog(folder / ROLLOUTS).drop_after(stage.name, step)  # likewise the saved rollouts (--save-rollouts)
         if checkpoint:
             self.console.print(f"{stage.name}: resumed from {checkpoint.name}")
-        steps_of = self.sft_steps if stage.kind == "sft" else self.grpo_steps
-        one_step = steps_of(stage, model, tokenizer, policy, optimizer, scheduler, scaler,
-                            resumed=checkpoint is not None)
+        if stage.kind == "sft":
+            one_step = self.steps.sft(stage, model, tokenizer, policy, optimizer, scheduler, scaler)
+        else:  # its pool and KL reference come from the stage's starting model, also when it resumes
+            one_step = self.steps.grpo(stage, model, tokenizer, policy, optimizer, scheduler, scaler,
+                                       start=lambda: self.input_model(stage), resumed=checkpoint is not None)
 
         def save(name: str) -> None:  # under torchrun rank 0 writes: every process holds the same state
             if distributed.is_main():
@@ -136,76 +131,6 @@ class Runner:
                 raise SystemExit(f"interrupted: saved {folder / f'checkpoint-{step}'}; the same command resumes")
         save("final")
         distributed.barrier("waiting for rank 0 to save the stage's model")  # the next stage loads it on every process
-
-    def sft_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, scaler, resumed: bool
-                  ) -> Callable[[int], dict]:
-        """step -> its metrics: `sft.sft_step` on the step's --sft-batch traces (under torchrun
-        this process's share of them)."""
-        config, examples = self.config, self.inputs.sft_examples(stage, tokenizer)  # (prompt ids, response ids)
-
-        def one_step(step: int) -> dict:
-            batch = distributed.share(self.inputs.batch_of_step(examples, config.sft_batch, stage, step))
-            started = time.perf_counter()
-            metrics = sft_step(model, optimizer, [p for p, _ in batch], [r for _, r in batch], policy,
-                               tokenizer.pad_token_id or 0, config.micro_batch, config.max_grad_norm,
-                               scheduler, config.micro_batch_tokens, head_read=config.head_read, scaler=scaler)
-            return metrics | {"train_seconds": time.perf_counter() - started}
-        return one_step
-
-    def grpo_steps(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, scaler, resumed: bool
-                   ) -> Callable[[int], dict]:
-        """step -> its metrics: `grpo.grpo_step` on the step's --prompts-per-step problems (under
-        torchrun this process's whole groups), rewarded as the stage's schedule says at that step."""
-        config, reference = self.config, None
-        problems, schedule = self.inputs.problems(stage.data), schedule_from_string(stage.reward)
-        if config.pool_samples:  # only the problems its starting model solves some of the time (pass_rate.py)
-            start = self.input_model(stage)
-            problems = signal_pool(config, stage, problems, self.folder(stage), start,
-                                   lambda: load_with_policy(config, start, stage.mode, self.schema) if resumed
-                                   else (model, tokenizer, policy), self.inputs.instructions(stage), self.log,
-                                   self.console)
-        if config.kl_beta > 0:  # the KL reference: the policy at the start of the stage, also when resuming
-            start = load_with_policy(config, self.input_model(stage), stage.mode, self.schema)[0] if resumed else None
-            reference = Reference(model, None if start is None else
-                                  [p.detach().clone() for p in start.parameters() if p.requires_grad])
-            del start
-        settings = GRPOSettings.from_flags(config, stage)
-
-        def one_step(step: int) -> dict:
-            drawn = []  # the problems of each draw: the step's own, then --filter-groups' further ones
-
-            def draw(number: int) -> tuple[list, list, SamplerSettings]:
-                # draw 0 takes the step's problems; draw d > 0 the next batch of a second shuffle of the
-                # pool, (max_draws - 1) batches reserved per step, so a resumed step draws the same ones
-                batch = distributed.share(self.inputs.batch_of_step(problems, config.prompts_per_step, stage, step)
-                                          if number == 0 else self.inputs.batch_of_step(
-                                              problems, config.prompts_per_step, stage,
-                                              step * (config.max_draws - 1) + number - 1, stream="more"))
-                drawn.append(batch)
-                return (batch, [self.inputs.prompt(problem, tokenizer, stage) for problem in batch],
-                        SamplerSettings.from_flags(config, seed=sampling_seed(config.seed, stage, step, number)))
-
-            batch, prompts, sampling = draw(0)
-            rollouts, metrics = grpo_step(model, tokenizer, optimizer, batch, prompts, policy, sampling, settings,
-                                          schedule.spec(step), reference, scheduler, scaler, more=draw)
-            paid = metrics.pop("paid")  # [B * G] one number per rollout: saved below, not logged
-            if config.save_rollouts:
-                self.save_rollouts(stage, step, rollouts, [p for batch in drawn for p in batch], paid,
-                                   metrics["reward_spec"], model, tokenizer)
-            if config.sample_every and (step + 1) % config.sample_every == 0:
-                self.console.print(trace_tree(rollouts[0], tokenizer, title=f"{stage.name} step {step + 1}"))
-            return metrics
-        return one_step
-
-    def save_rollouts(self, stage: Stage, step: int, rollouts, problems, paid: list[float], spec: dict, model,
-                      tokenizer) -> None:
-        """Append a GRPO step's rollouts to <stage>/rollouts.jsonl, as evaluation records (what
-        eval.py --rescore reads) with the step, the reward spec and the reward each was paid."""
-        G, eos = self.config.group_size, stop_ids(model, tokenizer)
-        log = MetricsLog(self.folder(stage) / ROLLOUTS)  # MetricsLog: rank 0 appends, flushed line by line
-        for i, rollout in enumerate(rollouts):
-            log.write(sample_record(rollout, problems[i // G], i % G, tokenizer, eos)
-                      | {"stage": stage.name, "step": step + 1, "reward_spec": spec, "paid": paid[i]})
 
     def run(self, stage: Stage) -> None:
         """Run a stage unless it is done, then evaluate its model (training stages)."""
@@ -339,15 +264,6 @@ def open_run(config: TrainConfig, console: Console | None = None) -> tuple[Runne
     if restarted:
         runner.console.print(f"--restart: deleted {', '.join(restarted)} of {config.out}; they train again")
     return runner, chosen
-
-
-def sampling_seed(seed: int, stage: Stage, step: int, draw: int = 0) -> int:
-    """The seed of a GRPO step's sampling, from (--seed, stage, step, and --filter-groups' draw after
-    the first): one stream per process under torchrun (rank r > 0 adds "/rank-r"; rank 0's is the
-    single process's), so a run repeats for a given N."""
-    rank = distributed.rank()
-    return random.Random(f"{seed}/{stage.name}/sample/{step}" + (f"/draw-{draw}" if draw else "")
-                         + (f"/rank-{rank}" if rank else "")).randrange(2**31)
 
 
 def _brief(metrics: dict) -> str:

@@ -419,7 +419,8 @@ def test_each_process_samples_from_its_own_seed_stream_and_rank_0_from_the_singl
     import random
 
     import train
-    from nanopar.runner import recipe, sampling_seed
+    from nanopar.curriculum import recipe
+    from nanopar.stage_steps import sampling_seed
 
     config = train.resolved_config([])[0]
     stage = recipe(config)[-1]

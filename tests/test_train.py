@@ -12,6 +12,7 @@ import nanopar.heldout
 import nanopar.model
 import nanopar.results
 import nanopar.runner
+import nanopar.stage_steps
 import train
 from conftest import one_line, read_metrics, reward_file, text_rollout
 from nanopar import NanoparError, toy
@@ -510,8 +511,8 @@ def test_default_held_out_data_follows_the_run_and_is_never_trained_on(tmp_path,
     easy = jsonl_problems(tmp_path / "easy.jsonl", toy_problems("toy:easy")[:12])
     hard = jsonl_problems(tmp_path / "hard.jsonl", toy_problems("toy:hard")[:12])
     trained, evaluated = set(), set()
-    real_step, real_evaluate = nanopar.runner.grpo_step, nanopar.heldout.evaluate
-    monkeypatch.setattr(nanopar.runner, "grpo_step", lambda model, tokenizer, optimizer, batch, *rest, **named:
+    real_step, real_evaluate = nanopar.stage_steps.grpo_step, nanopar.heldout.evaluate
+    monkeypatch.setattr(nanopar.stage_steps, "grpo_step", lambda model, tokenizer, optimizer, batch, *rest, **named:
                         trained.update(p.id for p in batch) or real_step(model, tokenizer, optimizer, batch, *rest,
                                                                          **named))
     monkeypatch.setattr(nanopar.heldout, "evaluate", lambda model, tokenizer, problems, *rest, **named:
@@ -657,8 +658,8 @@ def test_each_schema_runs_with_each_recipe(tmp_path, monkeypatch):
     teacher writes them), and NPR's curriculum runs in Parallel-R1's tags."""
 
     sft_batches = []
-    real_step = nanopar.runner.sft_step
-    monkeypatch.setattr(nanopar.runner, "sft_step", lambda model, optimizer, prompts, responses, *rest, **kw:
+    real_step = nanopar.stage_steps.sft_step
+    monkeypatch.setattr(nanopar.stage_steps, "sft_step", lambda model, optimizer, prompts, responses, *rest, **kw:
                         sft_batches.append(responses) or real_step(model, optimizer, prompts, responses, *rest, **kw))
     out = train.main(["--out", str(tmp_path / "p"), "--schema", "npr", "--stages", "sft", "--pretrain-data", "",
                       *SMALL])
