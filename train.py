@@ -82,13 +82,13 @@ PRESETS = {  # name -> the TrainConfig fields it changes
     # Two responses a problem in each evaluation: batched, they cost about what one does on a CPU and halve
     # the variance within a problem (docs/real-checkpoint.md).
     # --dtype auto: bfloat16 on a CPU with bfloat16 instructions (it samples ~1.9x and trains ~1.5x faster than
-    # float32 there, bench/dtype.py), float32 on one without (where bfloat16 is slower)
+    # float32 there, bench/races.py --only dtype), float32 on one without (where bfloat16 is slower)
     # a real Qwen on a CPU (docs/qwen.md): Qwen2.5-Coder-0.5B-Instruct from its PyPI wheels through Parallel-R1's
     # stages at a CPU's scale. `--stages sft` is the cold start and its evaluations alone. Departures from
     # Parallel-R1, for a CPU's hours: Qwen's one-line answer request instead of its ~220-token prompt (the traces
     # teach the tags), 40 cold-start steps of 4 traces (tag rows 10x, warm-up: at 2e-3 without it one step broke
     # the model), few short GRPO steps, 40 held-out problems, T = 0.7. dtype auto: bfloat16 on a CPU with bfloat16
-    # instructions (1.9x faster a cold-start step here, bench/dtype.py), float32 on one without.
+    # instructions (1.9x faster a cold-start step here, bench/races.py --only dtype), float32 on one without.
     "qwen": (qwen := {"model": "pypi:qwen2.5-coder-0.5b", "out": "runs/qwen", "instructions": "answer",
              "sft_steps": 40, "sft_batch": 4, "sft_lr": 5e-4, "tag_lr_scale": 10.0, "warmup_steps": 4,
              "micro_batch_tokens": 1024, "rl_easy_steps": 6, "rl_hard_steps": 4, "prompts_per_step": 4,

@@ -35,8 +35,8 @@ from .policy import Policy
 HEAD_READS = ("plain", "chunked", "auto")
 # "auto" reads the head chunk by chunk from this many vocabulary rows: from here the chunked read's
 # saving grows with the vocabulary (the logits dominate the read's memory); below it both reads
-# cost about the same and the plain one, the one to read, runs (bench/head_read.py, its figures in
-# bench/README.md). The toy's ~120 rows get the plain read, Qwen's 151,936 the chunked one
+# cost about the same and the plain one, the one to read, runs (bench/races.py's head_read, its figures
+# in bench/README.md). The toy's ~120 rows get the plain read, Qwen's 151,936 the chunked one
 CHUNKED_HEAD_FROM_VOCAB = 8_192
 
 

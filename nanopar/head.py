@@ -28,8 +28,8 @@ a shorter road: a log-prob's gradient is its incoming number times a slope known
 
 so the forward multiplies each chunk's (onehot - softmax) by the weight, the matmul the backward
 would have made, and keeps the slopes ([n, d] and [n, k], float32); the backward only scales them.
-No recompute: two head matmuls per chunk instead of three (bench/head_chunk.py races the two
-roads); a read for no backward (under no_grad: pi_old, a reference) takes no slopes, one matmul a
+No recompute: two head matmuls per chunk instead of three (bench/races.py, head_chunk, races the
+two roads); a read for no backward (under no_grad: pi_old, a reference) takes no slopes, one matmul a
 chunk. Any other head (a bias, a LoRA on it, dropout, several adapters, a hook) takes the recompute.
 The policy is `policy.policy_scores`'s: logits / T over the real vocabulary, T = 0 read at 1.
 
@@ -240,7 +240,7 @@ def _policy_rows(weight: torch.Tensor, vocab_size: int | None) -> int:
 class _ChunkBuffers:
     """Float32 [chunk, V'] buffers made at the first chunk and written by every chunk after it: a
     fresh [c, V'] tensor per chunk costs its pages' first touch, more than the pass that fills it
-    (bench/head_chunk.py races the two). The numbers are those of fresh tensors."""
+    (bench/races.py's head_chunk races the two). The numbers are those of fresh tensors."""
 
     def __init__(self, rows: int, vocab_size: int | None):
         self.rows, self.vocab_size, self.made = rows, vocab_size, {}

@@ -158,8 +158,8 @@ class _Plan:
 
 # free columns each layer's buffer keeps on the right: a decode step writes its column there in place
 # instead of copying the whole cache into a new tensor, as a concatenation does (a copy of every lane's
-# keys and values, per layer and step, which grows with lanes x tokens: bench/kv_append.py races the
-# two); a full buffer is copied once into one with this many free columns again,
+# keys and values, per layer and step, which grows with lanes x tokens: bench/races.py's kv_append races
+# the two); a full buffer is copied once into one with this many free columns again,
 # never past the widest a row can grow (`most_columns`), so the buffers stay within memory_plan.py's bound
 SPARE_COLUMNS = 64
 

@@ -23,7 +23,7 @@ detour to skip: peft's forward runs, bit for bit as before.
 
 While the adapter cannot change, inside `casts_kept(model)` (a sampler call, under no gradient),
 each layer casts it once and keeps the casts: a decode step calls every adapted projection once
-per token, and its two casts and the scaling are a visible share of a step (bench/lora_casts.py). Outside,
+per token, and its two casts and the scaling are a visible share of a step (bench/races.py, lora_casts). Outside,
 and whenever a gradient is recorded, the casts are made at each call, as above.
 
 Not here (peft's own forward runs them): float32, merged or disabled adapters, mixed adapter batches

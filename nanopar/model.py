@@ -100,7 +100,7 @@ def gpu_dtype() -> str:
 def cpu_bf16_instructions() -> str:
     """This CPU's bfloat16 instructions from /proc/cpuinfo: "avx512_bf16", "amx_bf16", both, or
     "none" (also where /proc/cpuinfo cannot be read: not Linux). With them, oneDNN's bfloat16
-    kernels beat float32 (a cold-start step of the Qwen 0.5B 1.9x, bench/dtype.py); without them
+    kernels beat float32 (a cold-start step of the Qwen 0.5B 1.9x, bench/races.py --only dtype); without them
     bfloat16 is emulated, 2.5-3.4x slower."""
     try:
         with open("/proc/cpuinfo") as f:

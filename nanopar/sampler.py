@@ -467,7 +467,7 @@ class _Decoder:
         """The float32 [N, V'] buffer this step's in-place draw writes its scores into: one for the
         call, doubled when the lanes outgrow it. On a CPU a new [N, V'] tensor each step costs the
         first touch of its pages, more than the passes that fill it at a real vocabulary
-        (bench/draw.py), and rows never written cost no memory. None where the plain draw runs, and
+        (bench/races.py, draw), and rows never written cost no memory. None where the plain draw runs, and
         on a GPU, whose caching allocator reuses the step's tensor for the model's activations."""
         rows = self.policy.vocab_size or logits.shape[-1]
         if logits.device.type != "cpu" or not draws_in_place(self.policy.temperature, rows, self.settings.top_k,
