@@ -160,7 +160,7 @@ class _Plan:
 # instead of copying the whole cache into a new tensor, as a concatenation does (a copy of every lane's
 # keys and values, per layer and step, which grows with lanes x tokens: bench/races.py's kv_append races
 # the two); a full buffer is copied once into one with this many free columns again,
-# never past the widest a row can grow (`most_columns`), so the buffers stay within memory_plan.py's bound
+# never past the widest a row can grow (`most_columns`), so the buffers stay within bench/memory.py's bound
 SPARE_COLUMNS = 64
 
 
@@ -195,7 +195,7 @@ class LazyLaneCache(LaneCache):
 
     def spare(self, columns: int) -> int:
         """Free columns for a buffer of `columns` filled ones: `SPARE_COLUMNS`, none past the widest
-        a row can grow (so the buffers stay within bench/memory_plan.py's bound)."""
+        a row can grow (so the buffers stay within bench/memory.py's bound)."""
         return SPARE_COLUMNS if self.most_columns is None else max(0, min(SPARE_COLUMNS, self.most_columns - columns))
 
     def appended(self) -> None:

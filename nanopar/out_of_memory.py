@@ -6,7 +6,7 @@ The code that may run out names its phase (`phase`: sampling, the training read,
 the runner turns the error into one line (`advice`): the phase, torch's own first line, the
 checkpoint the same command resumes from and the flags that fit the run into less memory without
 changing it, or with `--restart`. docs/gpu.md, "Out of memory", has the figures behind each flag.
-Not here: predicting memory (bench/memory_plan.py).
+Not here: predicting memory (bench/memory.py).
 """
 
 from __future__ import annotations

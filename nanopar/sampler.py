@@ -68,7 +68,7 @@ class SamplerSettings:
         """Tokens of the longest row a response can grow to: prompt + sampled + inserted tags (per
         block: K forced <Path>, up to K inserted </Path>, the two merge tags </Parallel><Summary>).
         Parallel-R1's schema; NPR's forced step labels can pass it (the lazy lane cache then copies
-        per step beyond it, correct but slower; bench/memory_plan.py plans Parallel-R1's rows)."""
+        per step beyond it, correct but slower; bench/memory.py plans Parallel-R1's rows)."""
         return prompt_tokens + self.max_new_tokens + self.max_blocks * (2 * self.paths + 2)
 
     @classmethod

@@ -512,8 +512,8 @@ def test_where_the_block_goes_in_the_results_prose_is_what_its_table_says():
 
 def test_the_docs_give_the_logits_chunk_the_library_uses():
     """Every "N positions" of the docs is the chunked head's default on Qwen's vocabulary (with
-    the six tags), as bench/memory_plan.py computes it from nanopar.head.CHUNK_BYTES."""
-    spec = importlib.util.spec_from_file_location("memory_plan_docs", ROOT / "bench" / "memory_plan.py")
+    the six tags), as bench/memory.py computes it from nanopar.head.CHUNK_BYTES."""
+    spec = importlib.util.spec_from_file_location("memory_docs", ROOT / "bench" / "memory.py")
     plan = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (dataclasses look their module up)
     spec.loader.exec_module(plan)
     given = [(doc.name, int(n)) for doc in DOCS for n in re.findall(r"\b(\d+) positions", " ".join(doc.read_text().split()))]

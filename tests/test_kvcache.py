@@ -119,7 +119,7 @@ def test_the_lazy_cache_appends_in_place_and_holds_the_plain_caches_values_step_
 
 def test_the_lazy_caches_spare_columns_stop_at_the_widest_a_row_can_grow():
     """Given the widest a row can grow, the buffers never hold more columns than that: the cache's
-    peak is the concatenation's (bench/memory_plan.py plans it so)."""
+    peak is the concatenation's (bench/memory.py plans it so)."""
     g = torch.Generator().manual_seed(2)
     N, H, W, D, most = 3, 2, 6, 4, 20
     cache = DynamicCache()
