@@ -58,7 +58,6 @@ class TRLConfig:
     group_size: int = 8  # responses a question (G)
     max_new_tokens: int = 128  # tokens a response, exactly (no stop)
     lr: float = 1e-6  # learning rate of both optimisers (constant, no weight decay)
-    trl_autocast: str = "auto"  # TRL's bf16 flag (accelerate's CPU autocast): on, off, or auto (on for a bfloat16 model)
     rounds: int = 3  # timed rounds after the warm-up, each nanopar then TRL
     quick: bool = False  # 2 prompts x 2 responses x 16 tokens, one round (overrides those flags)
     out: str = ""  # write every figure to this JSON file
@@ -107,7 +106,7 @@ def trl_side(trl, config: TRLConfig, dtype: str, problems, instructions: str, ex
     chat = bool(getattr(tokenizer, "chat_template", None))  # a tiny model's tokenizer has no template: plain text
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": c}] if chat else c + "\n" for c in contents],
                                  "answer": [p.answer for p in problems]})
-    rows, bf16 = len(problems) * config.group_size, {"auto": dtype == "bfloat16", "on": True, "off": False}[config.trl_autocast]
+    rows, bf16 = len(problems) * config.group_size, dtype == "bfloat16"  # TRL's bf16: accelerate's CPU autocast, as TRL sets it
     args = trl.GRPOConfig(
         output_dir=out_dir, report_to="none", use_cpu=True, bf16=bf16, fp16=False, seed=0, max_steps=1,
         logging_strategy="no", save_strategy="no", disable_tqdm=True, learning_rate=config.lr, lr_scheduler_type="constant",
