@@ -18,7 +18,7 @@ Then the support files, when a question leads there:
   sft.py, optim.py   cold-start / self-distillation fine-tuning on traces; AdamW, its schedule, float16's loss scaler
   data.py, prompts.py, model.py (tag_rows.py, lora_dtype.py), wheels.py, tiny.py   what a run reads and loads
   checkpoint.py, metrics.py, config.py, defaults.py   checkpoints, the log, flags, `resolve`
-  curriculum.py (distill.py), runner.py (out_of_memory.py), stage_steps.py, dynamic_sampling.py, pass_rate.py,
+  curriculum.py (distill.py), runner.py (stage_steps.py, out_of_memory.py), dynamic_sampling.py, pass_rate.py,
     run_folder.py (trial.py), run_inputs.py, heldout.py, results.py   the run
   distributed.py   several processes under torchrun: shares of a step, sums over processes, rank 0 writes
   rollouts.py, evaluation.py, variance.py, eval_report.py, show.py   sampling + grading + summaries; trees, tables
