@@ -100,8 +100,8 @@ def gpu_dtype() -> str:
 def cpu_bf16_instructions() -> str:
     """This CPU's bfloat16 instructions from /proc/cpuinfo: "avx512_bf16", "amx_bf16", both, or
     "none" (also where /proc/cpuinfo cannot be read: not Linux). With them, oneDNN's bfloat16
-    kernels beat float32 (a cold-start step of the Qwen 0.5B 1.9x, bench/races.py --only dtype); without them
-    bfloat16 is emulated, 2.5-3.4x slower."""
+    kernels beat float32; without them bfloat16 is emulated and slower (bench/races.py's dtype race,
+    its figures in bench/README.md)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()
