@@ -16,6 +16,8 @@ layer keeps its keys and values in a buffer with `SPARE_COLUMNS` free columns on
 step writes its column into them in place (a full buffer is copied once into one with spare
 columns again), and a rebuild only records the new rows, which the next step's append builds in
 a new buffer. The model reads views of the buffers' filled columns.
+The sampler runs the plain one below the draw's vocabulary threshold (the toy, tiny models),
+the lazy one from it (`sampler.cache_for_vocabulary`).
 Not here: what the lanes mean (sampler.py) or which positions their tokens have (layout.py).
 """
 
