@@ -4,11 +4,9 @@
     python bench/gpu_check.py --quick --out quick.json  # a CPU: the same checks on a tiny Qwen2, 3-5 minutes
     python bench/gpu_check.py --only exactness,cycles   # some groups of checks (GROUPS); --help: every flag
 
-Nothing is downloaded: Qwen2.5-1.5B and Qwen3-1.7B are built from their published configs (MODELS)
-with random weights and the real Qwen tokenizer, loaded through `nanopar.model.load_model`; a logit
-bias makes them fork (`tags_written`). The groups, what each checks and its bounds: docs/gpu.md,
-"When a GPU is lent". --quick's memory rows say "n/a" (a CPU has no memory fraction), never "pass".
-Not here: real weights or answer quality, several GPUs, float16 cards.
+Offline: the Qwens' published configs (MODELS), random weights, the real tokenizer, through `load_model`; a logit
+bias makes them fork (`tags_written`). The groups and their bounds: docs/gpu.md, "When a GPU is lent".
+Not here: real weights, several GPUs, float16 cards.
 """
 
 from __future__ import annotations
@@ -26,23 +24,11 @@ try:  # the libraries a GPU image may lack or hold at other versions: one line, 
 except ImportError as missing:
     raise SystemExit(f"FAIL pre-flight: {missing} (docs/gpu.md, 'When a GPU is lent': carry the wheels)") from None
 
-import contextlib
-import dataclasses
-import importlib.metadata
-import json
-import math
-import re
-import subprocess
-import sys
-import tempfile
-import weakref
-from dataclasses import dataclass, field
+import contextlib, dataclasses, importlib.metadata, json, math, re, subprocess, sys, tempfile, weakref  # noqa: E401
 from pathlib import Path
 from unittest import mock
 
 from rich.console import Console
-from rich.table import Table
-from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +70,7 @@ transformers.logging.disable_progress_bar()  # no "Loading weights" bar at each 
 IMPORT_SECONDS = time.perf_counter() - STARTED  # the pre-flight and the run time count them
 
 
-@dataclass
+@dataclasses.dataclass
 class CheckConfig:
     quick: bool = False  # a CPU run of the same checks: tiny-qwen2 in float32, small sizes (QUICK; flags given still win)
     models: str = "qwen2.5-1.5b,qwen3-1.7b"  # comma list of MODELS to build and check
@@ -107,7 +93,7 @@ class CheckConfig:
     gradient_bounds: tuple[float, ...] = (1e-4, 5e-2)  # max |chunked - plain| gradient / max |plain|: float32, bfloat16
     plan_tolerance: float = 0.15  # measured / planned peak memory must lie within 1 +- this (reserved: below 1 + this)
     held_bound_mib: float = 16.0  # memory a finished sampler call or a deleted model may leave allocated (a cache: GiBs)
-    floor_bounds: tuple[float, ...] = (4.0, 25.0, 6.0)  # most x the floor: prefill, decode step (most lanes), training micro-batch
+    floor_bounds: tuple[float, ...] = (4.0, 25.0, 6.0)  # most x the floor: prefill, decode step, training micro-batch
     preflight_seconds: float = 20.0  # the pre-flight's budget, imports included
     budget_seconds: float = 480.0  # the whole run's budget (8 minutes on an H100)
     trial_tokens: int = 32  # train.py's trial: new tokens a response (its steps are 2 prompts x 4 samples)
@@ -122,18 +108,9 @@ QUICK = dict(models="tiny-qwen2", prompts=2, micro_batch=2, samples=4, new_token
 CUDA = False  # set in main(): the checks run on the GPU
 
 
-@dataclass
-class Check:
-    name: str  # what was checked, "model: what" where it is a model's
-    ok: bool | None  # True pass, False fail, None not applicable (`value` says why)
-    value: str  # what was measured, as printed
-    bound: str  # what it must be
-    figures: dict = field(default_factory=dict)  # the numbers behind it, for the JSON
-
-
 class Report:
-    """The checks so far, each printed as it comes with the seconds since the start (where the run's
-    time goes) and written to --out after each; at the end the table, and the verdict last."""
+    """The checks so far, each a dict (name; ok: True, False, or None for n/a; value: what was measured; bound;
+    figures: the numbers behind it), printed as it comes with the seconds since the start and written to --out."""
 
     def __init__(self, config: CheckConfig, device: str):
         self.config, self.device, self.console, self.checks = config, device, Console(width=200), []
@@ -142,50 +119,37 @@ class Report:
     def seconds(self) -> float:  # what `python bench/gpu_check.py` has taken, its imports included
         return IMPORT_SECONDS + time.perf_counter() - self.begun
 
-    def run(self, name: str, fn) -> Check:
+    def run(self, name: str, fn) -> dict:
         """fn() -> (ok, value, bound, figures); an exception is the check's failure, its first line the value."""
         try:
-            check = Check(name, *fn())
+            check = dict(zip(("name", "ok", "value", "bound", "figures"), (name, *fn())))
         except Exception as error:  # noqa: BLE001 (out of memory, a library error: the check failed, the run goes on)
-            check = Check(name, False, f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}",
-                          "runs")
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            check = dict(name=name, ok=False, value=f"{type(error).__name__}: {first}", bound="runs", figures={})
         self.checks.append(check)
-        check.figures["at_seconds"] = at = self.seconds()
-        mark = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}[check.ok]
-        self.console.print(f"{at:4.0f} s {mark} {check.name}: {check.value}", highlight=False)
+        check["figures"]["at_seconds"] = at = self.seconds()
+        mark = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}[check["ok"]]
+        self.console.print(f"{at:4.0f} s {mark} {name}: {check['value']} (bound: {check['bound']})", highlight=False)
         if self.config.out:
-            Path(self.config.out).write_text(json.dumps(dict(
-                device=self.device, config=dataclasses.asdict(self.config), verdict=self.verdict(),
-                failed=self.failed(), checks=[dataclasses.asdict(c) for c in self.checks]), indent=1) + "\n")
+            Path(self.config.out).write_text(json.dumps(dict(device=self.device, config=dataclasses.asdict(self.config),
+                verdict=self.verdict(), failed=self.failed(), checks=self.checks), indent=1) + "\n")
         return check
 
     def failed(self) -> list[str]:
-        return [c.name for c in self.checks if c.ok is False]
+        return [c["name"] for c in self.checks if c["ok"] is False]
 
     def verdict(self) -> str:
-        failed, missing = self.failed(), [c.name for c in self.checks if c.ok is None]
+        failed, missing = self.failed(), [c["name"] for c in self.checks if c["ok"] is None]
         if failed:
             return f"FAIL: {len(failed)} of {len(self.checks)} checks failed: {'; '.join(failed)}"
-        return f"PASS: {len(self.checks) - len(missing)} checks hold" + (
-            f" ({len(missing)} n/a: {'; '.join(missing)})" if missing else "")
-
-    def close(self) -> int:
-        """Print the table, then the verdict. -> the exit status: 0 only if no check failed"""
-        table = Table(title=f"bench/gpu_check.py on {self.device}")
-        for column in ("check", "measured", "bound", "result"):
-            table.add_column(column, overflow="fold")
-        for c in self.checks:
-            table.add_row(c.name, c.value, c.bound, {True: "pass", False: "[red]FAIL[/]", None: "n/a"}[c.ok])
-        self.console.print(table)
-        self.console.print(self.verdict(), highlight=False)
-        return 1 if self.failed() else 0
+        return f"PASS: {len(self.checks) - len(missing)} checks hold" + (f" ({len(missing)} n/a: {'; '.join(missing)})"
+                                                                         if missing else "")
 
 
-# --- the device: its clock and its memory ----------------------------------------------------
+# --- the device: its clock and its memory (nothing to measure on a CPU) ---------------------
 def synced() -> float:
     """perf_counter once the GPU's queued work is done."""
-    if CUDA:
-        torch.cuda.synchronize()
+    speed.synchronize(torch.device("cuda" if CUDA else "cpu"))
     return time.perf_counter()
 
 
@@ -193,10 +157,13 @@ def allocated() -> int:
     return torch.cuda.memory_allocated() if CUDA else 0
 
 
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f}"
+
+
 @contextlib.contextmanager
 def on_card(gib: int | None, headroom: float):
-    """Within: the CUDA allocator capped at a `gib` GiB card less `headroom` (None: the whole device),
-    its peak counters from zero. Nothing on a CPU."""
+    """Within: the CUDA allocator capped at a `gib` GiB card less `headroom` (None: the whole device), peaks from 0."""
     if CUDA:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(1.0 if gib is None else min(1.0, (gib - headroom) * GiB / total))
@@ -209,8 +176,7 @@ def on_card(gib: int | None, headroom: float):
 
 
 def peaks(baseline: tuple[int, int]) -> tuple[int, int]:
-    """(peak allocated, peak reserved) since the last reset less what was held before the model
-    loaded; the counters start again. (0, 0) on a CPU."""
+    """(peak allocated, peak reserved) since the last reset, less what was held before the model loaded; reset."""
     if not CUDA:
         return 0, 0
     out = torch.cuda.max_memory_allocated() - baseline[0], torch.cuda.max_memory_reserved() - baseline[1]
@@ -218,35 +184,26 @@ def peaks(baseline: tuple[int, int]) -> tuple[int, int]:
     return out
 
 
-def gib(n: float) -> str:
-    return f"{n / GiB:.2f}"
-
-
 def preflight(config: CheckConfig):
     """Versions against pyproject's pins, the CUDA build and device, one 4-bit product through bitsandbytes."""
-    begun = time.perf_counter()
-    found = {name: importlib.metadata.version(name) for name in PINNED}
+    begun, found = time.perf_counter(), {name: importlib.metadata.version(name) for name in PINNED}
     pins = dict(re.findall(r'"([\w-]+)==([\w.]+)"', (ROOT / "pyproject.toml").read_text()))
     wrong = [f"{n} {found[n]} (pinned {pins[n]})" for n in PINNED if n in pins and found[n].split("+")[0] != pins[n]]
     problems = [f"not the pinned versions: {', '.join(wrong)}"] if wrong else []
-    cuda = not config.quick and torch.version.cuda is not None and torch.cuda.is_available()
-    if not config.quick and not cuda:
+    device = "cuda" if CUDA and torch.version.cuda is not None and torch.cuda.is_available() else "cpu"
+    if CUDA and device == "cpu":
         problems.append(f"torch {torch.__version__} is not a CUDA build that sees a GPU")
-    device = "cuda" if cuda else "cpu"
     layer = bitsandbytes.nn.Linear4bit(256, 256, bias=False, compute_dtype=torch.float32, quant_type="nf4")
     dense, x = layer.weight.data.clone().to(device), torch.randn(8, 256, device=device)  # [256, 256] unquantised, [8, 256]
     error = ((layer.to(device)(x) - x @ dense.T).norm() / (x @ dense.T).norm()).item()  # quantised on the way
     if not error < 0.2:  # NF4 keeps ~10% relative error on a random layer; a broken kernel gives ~1 or nan
         problems.append(f"bitsandbytes' 4-bit product is off by {error:.2f} (relative) on {device}")
-    seconds = IMPORT_SECONDS + time.perf_counter() - begun
-    if seconds > config.preflight_seconds:
+    if (seconds := IMPORT_SECONDS + time.perf_counter() - begun) > config.preflight_seconds:
         problems.append(f"took {seconds:.0f} s")
-    gpu = (f"CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, bf16 native "
-           f"{torch.cuda.is_bf16_supported(including_emulation=False)}; " if cuda else "CPU; ")
-    value = f"{seconds:.1f} s: torch {torch.__version__} ({gpu}4-bit error {error:.3f}), " + ", ".join(
-        f"{n} {found[n]}" for n in PINNED[1:])
-    return (not problems, value + "".join(f"; {p}" for p in problems), "pyproject's pins; a CUDA build that sees the GPU;"
-            f" a 4-bit product within 0.2; <= {config.preflight_seconds:.0f} s", dict(versions=found, error=error))
+    versions = ", ".join(f"{n} {found[n]}" for n in PINNED)
+    return (not problems, f"{seconds:.1f} s; {versions}; CUDA {torch.version.cuda}; 4-bit error {error:.3f}" + "".join(
+            f"; {p}" for p in problems), f"the pins; a GPU; error < 0.2; <= {config.preflight_seconds:.0f} s",
+            dict(versions=found, error=error))
 
 
 # --- the model and its tags --------------------------------------------------------------
@@ -258,56 +215,53 @@ def save_random_model(name: str, folder: str, seed: int) -> None:
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec),
                                                  dtype=torch.bfloat16 if CUDA else torch.float32)
     model.save_pretrained(folder)
-    del model
     AutoTokenizer.from_pretrained(package_folder(*TOKENIZER) / "tokenizer_files").save_pretrained(folder)
 
 
 @contextlib.contextmanager
 def tags_written(model, policy: Policy, config: CheckConfig, both_reads: bool):
-    """Random weights write no tags: within, a logit bias draws <Parallel> about once in `block_every`
-    tokens and </Path>, </Summary> once in `path_tokens` (where they mean nothing they are stray tags,
-    text). `both_reads`: on the head (`nanopar.tiny.bias_logits`), so the training read sees it too
-    (a hooked head takes head.py's recompute road); else on the model's logits: the sampler's only,
-    and the training read takes its default road."""
+    """Within, a logit bias draws <Parallel> about once in `block_every` tokens and </Path>, </Summary> once
+    in `path_tokens` (random weights write no tags). `both_reads`: on the head (`bias_logits`), so the
+    training read sees it too (head.py's recompute road); else on the model's logits, the sampler's only."""
     tags, words = policy.tag_ids, policy.vocab_size  # a random model's logits are about even over its words
     bias = {tags.block_open: math.log(words / config.block_every), tags.path_close: math.log(words / config.path_tokens),
             tags.summary_close: math.log(words / config.path_tokens)}
-    if both_reads:
-        handle = bias_logits(model, bias)
-    else:
-        row = torch.zeros(model.config.vocab_size, device=model.device)  # [V]
-        row[list(bias)] = torch.tensor(list(bias.values()), device=model.device)
+    row = torch.zeros(model.config.vocab_size, device=model.device)  # [V]
+    row[list(bias)] = torch.tensor(list(bias.values()), device=model.device)
 
-        def steer(module, args, out):  # out.logits [N, 1, V]: the rows the sampler draws from
-            out.logits = out.logits + row.to(out.logits.dtype)
-            return out
+    def steer(module, args, out):  # out.logits [N, 1, V]: the rows the sampler draws from
+        out.logits = out.logits + row.to(out.logits.dtype)
+        return out
 
-        handle = model.register_forward_hook(steer)
-    with handle:
+    with bias_logits(model, bias) if both_reads else model.register_forward_hook(steer):
         yield
 
 
 def training_read(model, rollouts, policy: Policy, pad: int):
-    """The layout's training read of the rollouts, as `grpo_update` reads them (no gradient).
-    -> (log-probs [N, T-1], their TokenBatch: target_mask, recorded)"""
+    """The layout's training read, as `grpo_update` reads (no gradient). -> (log-probs [N, T-1], the TokenBatch)"""
     batch = rollout_batch(rollouts, pad, model.device)
     with torch.no_grad():
         return trace_logprobs(model, batch, policy)[0], batch
 
 
+def kernels(fn) -> set[str]:
+    """The sdpa kernels one call of fn() ran, from the profiler's op names (bench/speed.py's `profile`)."""
+    ops = speed.profile(fn, torch.device("cuda" if CUDA else "cpu"))
+    return {kind for op, _ in ops if any(s in op for s in ("scaled_dot_product", "fmha", "flash_fwd"))
+            for part, kind in KERNELS.items() if part in op}
+
+
 class Loaded:
-    """A saved model through `load_model` (LoRA r16 + tag rows), LoRA B and the tag rows stirred off
-    their initial values so that every adapter changes the numbers. Each check on it is a method
-    -> (ok, value, bound, figures)."""
+    """A saved model through `load_model`, LoRA B and the tag rows stirred so that every adapter changes the
+    numbers. Each check is a method -> (ok, value, bound, figures)."""
 
     def __init__(self, name: str, folder: str, dtype: str, four_bit: bool, config: CheckConfig):
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = load_model(ModelSettings(folder, dtype=dtype, device="cuda" if CUDA else "cpu",
                                                               lora=True, load_in_4bit=four_bit))
         with torch.no_grad():
-            for p in self.model.parameters():
-                if p.requires_grad:
-                    p.add_(torch.randn_like(p) * 0.01)
+            for p in (p for p in self.model.parameters() if p.requires_grad):
+                p.add_(torch.randn_like(p) * 0.01)
         self.name, self.config, self.policy = name, config, Policy.for_tokenizer(self.tokenizer)
         self.pad = self.tokenizer.pad_token_id or 0
 
@@ -315,6 +269,10 @@ class Loaded:
         """(problems, prompt ids): GSM8K problems with Parallel-R1's instructions in the chat template."""
         problems = load_problems(split)[start: start + count]
         return problems, [build_prompt(p, self.tokenizer, instructions_named("parallel")) for p in problems]
+
+    def settings(self, new_tokens: int, path_tokens: int, seed: int = 0) -> SamplerSettings:
+        return SamplerSettings(paths=self.config.paths, max_new_tokens=new_tokens, max_path_tokens=path_tokens,
+                               seed=self.config.seed + seed)
 
     def reads(self, report: Report, what: str, exact: bool, caches: bool) -> None:
         """The rows of the sampler against the training read: log-probs, (lane caches,) head gradients."""
@@ -326,24 +284,20 @@ class Loaded:
     def sampled_and_read(self, lane_cache=LazyLaneCache):
         """A sampler call that forks, and its training read. -> (rollouts, |sampler - trainer| [sampled tokens])"""
         c = self.config
-        settings = SamplerSettings(paths=c.paths, max_new_tokens=c.exact_tokens, max_path_tokens=c.exact_tokens // 2,
-                                   seed=c.seed)
         with tags_written(self.model, self.policy, c, both_reads=True):
-            rollouts = sample(self.model, self.prompts(0, c.exact_prompts)[1], self.policy, settings, [], 2,
-                              lane_cache=lane_cache)
+            rollouts = sample(self.model, self.prompts(0, c.exact_prompts)[1], self.policy,
+                              self.settings(c.exact_tokens, c.exact_tokens // 2), [], 2, lane_cache=lane_cache)
             read, batch = training_read(self.model, rollouts, self.policy, self.pad)
         return rollouts, (read - batch.recorded)[batch.target_mask > 0].abs()
 
     def logprobs(self, exact: bool):
-        """The sampler's recorded log-probs against the training read, forks included: max |d| where the
-        model computes in float32 (4-bit too: both reads dequantise the same weights), mean |d| in bfloat16."""
+        """Recorded log-probs against the training read, forks included: max |d| in float32, mean |d| in bfloat16."""
         rollouts, gap = self.sampled_and_read()
-        blocks, stray = (sum(len(getattr(r.trace, part)) for r in rollouts) for part in ("blocks", "stray"))
+        blocks = sum(len(r.trace.blocks) for r in rollouts)
         worst, mean, c = gap.max().item(), gap.mean().item(), self.config
         return ((worst <= c.float32_bound if exact else mean <= c.bfloat16_bound) and blocks > 0,
-                f"max {worst:.2e}, mean {mean:.2e} over {gap.numel()} tokens; {len(rollouts)} responses, "
-                f"{blocks} blocks, {stray} stray tags", (f"max |d| <= {c.float32_bound:g}" if exact else
-                                                         f"mean |d| <= {c.bfloat16_bound:g} a token") + "; forked",
+                f"max {worst:.2e}, mean {mean:.2e} over {gap.numel()} tokens, {blocks} blocks",
+                (f"max <= {c.float32_bound:g}" if exact else f"mean <= {c.bfloat16_bound:g}") + "; forked",
                 dict(max=worst, mean=mean, tokens=gap.numel(), blocks=blocks))
 
     def lane_caches(self):
@@ -351,18 +305,16 @@ class Loaded:
         lazy, plain = (self.sampled_and_read(cache)[0] for cache in (LazyLaneCache, LaneCache))
         same = sum(a.ids == b.ids for a, b in zip(lazy, plain))
         worst = max(abs(x - y) for a, b in zip(lazy, plain) for x, y in zip(a.logprobs, b.logprobs)) if same else math.inf
-        return (same == len(lazy) and worst <= self.config.float32_bound, f"{same} of {len(lazy)} responses the same "
-                f"tokens; log-probs max |d| {worst:.1e}", f"every response the same tokens; log-probs within "
-                f"{self.config.float32_bound:g}", dict(same=same, responses=len(lazy), max=worst))
+        return (same == len(lazy) and worst <= self.config.float32_bound, f"{same} of {len(lazy)} the same, log-probs "
+                f"max |d| {worst:.1e}", f"all; <= {self.config.float32_bound:g}",
+                dict(same=same, responses=len(lazy), max=worst))
 
     def head_gradients(self, exact: bool):
-        """The chunked head read's gradients (head.py's own road: no bias on the head here) against the plain
-        read's, on forked rollouts under signed advantages."""
-        c, model = self.config, self.model
-        rollouts = self.sampled_and_read()[0][: max(1, c.exact_prompts // 2) * 2]  # the plain read's full logits: few rows
+        """The chunked head read's gradients against the plain read's, on forked rollouts, signed advantages."""
+        model, grads = self.model, {}
+        rollouts = self.sampled_and_read()[0][: max(1, self.config.exact_prompts // 2) * 2]  # the plain read: few rows
         batch = rollout_batch(rollouts, self.pad, model.device)
         signs = torch.tensor([1.0, -1.0] * len(rollouts), device=model.device)[: len(rollouts), None]  # [N, 1] advantages
-        grads = {}
         model.train()
         for read in ("chunked", "plain"):
             model.zero_grad(set_to_none=True)
@@ -373,7 +325,7 @@ class Loaded:
         model.eval()
         scale = max(g.abs().max().item() for g in grads["plain"])
         worst = max((a - b).abs().max().item() for a, b in zip(grads["chunked"], grads["plain"])) / scale
-        bound = c.gradient_bounds[0 if exact else 1]
+        bound = self.config.gradient_bounds[0 if exact else 1]
         return (worst <= bound and scale > 0, f"max |d| / max |g| = {worst:.1e} over {len(grads['plain'])} tensors",
                 f"<= {bound:g}", dict(relative=worst, scale=scale))
 
@@ -382,17 +334,14 @@ class Loaded:
         projections = 7 * MODELS[self.name]["num_hidden_layers"]
         linear4bit = sum(isinstance(m, bitsandbytes.nn.Linear4bit) for m in self.model.modules())
         lora = sum(n.endswith("lora_A.default") for n, _ in self.model.named_modules())
-        tags = [n for n, p in self.model.named_parameters() if p.requires_grad and "trainable_tokens" in n]
-        ids = sorted(self.policy.tag_ids.all())
-        held = f"; {gib(allocated())} GiB allocated" if CUDA else ""
-        return (linear4bit == lora == projections and len(tags) >= 1, f"{linear4bit} Linear4bit, {lora} LoRA pairs, "
-                f"tag rows {ids[0]}-{ids[-1]} in {len(tags)} tensor(s){held}", f"{projections} projections 4-bit, each "
-                "with LoRA; the tag rows trainable", dict(linear4bit=linear4bit, lora=lora, tag_tensors=len(tags)))
+        tags = sum(p.requires_grad and "trainable_tokens" in n for n, p in self.model.named_parameters())
+        return (linear4bit == lora == projections and tags >= 1, f"{linear4bit} Linear4bit, {lora} LoRA pairs, tag rows "
+                f"in {tags} tensor(s); {gib(allocated())} GiB allocated", f"{projections} each; tag rows trainable",
+                dict(linear4bit=linear4bit, lora=lora, tag_tensors=tags))
 
     def cycle(self, k: int, figures: dict, optimizer, baseline: tuple[int, int]):
-        """One GRPO step (`grpo_step`, as a run calls it) on bench/memory.py's flags for its card, under
-        the card's memory fraction, its sampler call wrapped to read the sampling peak and watch the lane
-        caches it made: the update ran, and no cache outlived `sample` (freed by reference counting)."""
+        """One `grpo_step` on bench/memory.py's flags for its card, under its memory fraction, `sample` wrapped to read
+        the sampling peak and watch its lane caches: the update ran, no cache outlived `sample`."""
         c, card = self.config, figures["card"]
         figures.update(prompts=c.prompts, micro_batch=c.micro_batch, checkpointing=False)
         if not (c.prompts and c.micro_batch):
@@ -403,11 +352,10 @@ class Loaded:
                     "on no setting" if advice is None else "with gradient checkpointing, which this check leaves off"))
             figures.update(prompts=c.prompts or advice["prompts"], micro_batch=c.micro_batch or advice["micro_batch"])
         problems, prompts = self.prompts((k - 1) * 64, figures["prompts"])
-        sampling = SamplerSettings(paths=c.paths, max_new_tokens=c.new_tokens, max_path_tokens=c.max_path_tokens,
-                                   seed=c.seed + k)
-        rows = sampling.longest_row(max(map(len, prompts)))
-        settings = GRPOSettings(group_size=c.samples, micro_batch_tokens=figures["micro_batch"] * rows)
-        figures.update(rows=rows, micro_batch_tokens=settings.micro_batch_tokens, longest_prompt=max(map(len, prompts)))
+        sampling, longest = self.settings(c.new_tokens, c.max_path_tokens, seed=k), max(map(len, prompts))
+        rows = figures["micro_batch"] * sampling.longest_row(longest)
+        settings = GRPOSettings(group_size=c.samples, micro_batch_tokens=rows)
+        figures.update(micro_batch_tokens=settings.micro_batch_tokens, longest_prompt=longest)
         made = []  # a weak reference to each lane cache the sampler made
 
         def watched_cache(*args, **kwargs):
@@ -415,8 +363,7 @@ class Loaded:
             return cache
 
         def watched_sample(*args, **kwargs):
-            before = allocated()
-            rollouts = sample(*args, lane_cache=watched_cache, **kwargs)
+            before, rollouts = allocated(), sample(*args, lane_cache=watched_cache, **kwargs)
             figures.update(sampling_peak=peaks(baseline), left=allocated() - before, caches=len(made),
                            alive=sum(ref() is not None for ref in made), cache=rollouts[0].stats.peak_cache_bytes)
             return rollouts
@@ -432,92 +379,67 @@ class Loaded:
         figures["blocks"], grad = sum(len(r.trace.blocks) for r in rollouts), m.get("grad_norm", math.nan)
         ran = not m.get("skipped_no_signal", True) and not m.get("skipped_step", True) and math.isfinite(grad) and grad > 0
         freed = figures["caches"] > 0 and figures["alive"] == 0 and figures["left"] <= c.held_bound_mib * MiB
-        left, most = (f", {figures['left'] / MiB:,.1f} MiB left allocated", f", <= {c.held_bound_mib:g} MiB left") \
-            if CUDA else ("", "")
-        return (ran and freed, f"{f'a {card} GB card' if card else 'no card (a CPU)'}: {figures['prompts']} x "
-                f"{c.samples} x {c.new_tokens} ({figures['blocks']} blocks), --micro-batch-tokens "
-                f"{figures['micro_batch_tokens']}: {figures['seconds']:.1f} s, grad norm {grad:.3g}; lane caches alive "
-                f"after sample() returned: {figures['alive']} of {figures['caches']}{left}", "the update ran (finite, "
-                f"non-zero gradient); no lane cache alive after sample() returns{most}", figures)
+        return (ran and freed, f"{card or 'no'} GB card, {figures['prompts']} x {c.samples} x {c.new_tokens}, --micro-batch-tokens "
+                f"{figures['micro_batch_tokens']}: {figures['seconds']:.1f} s, grad norm {grad:.3g}; caches alive after "
+                f"sample() {figures['alive']} of {figures['caches']}, {figures['left'] / MiB:,.1f} MiB left",
+                f"the update ran; no cache alive; <= {c.held_bound_mib:g} MiB left", figures)
 
     def eval_batch(self, baseline: tuple[int, int]):
-        """One evaluation call at train.py's --eval-batch (one sample a problem, K paths a block) through
-        `nanopar.evaluation.evaluate`, on the smallest card the plan fits it in."""
+        """One `evaluate` call at train.py's --eval-batch (one sample a problem), on the smallest card the plan fits."""
         c = self.config
         problems, prompts = self.prompts(0, c.eval_batch, "gsm8k")
         plan = memory.predict(self.name, prompts=len(problems), samples=1, new_tokens=c.new_tokens, paths=c.paths,
                               prompt_tokens=max(map(len, prompts)))["sampling_peak"] if CUDA else 0
         card = next((size for size in c.cards if memory.fits(plan, size)), None)
-        settings = SamplerSettings(paths=c.paths, max_new_tokens=c.new_tokens, max_path_tokens=c.max_path_tokens,
-                                   seed=c.seed)
         with on_card(card or max(c.cards), c.headroom_gib), tags_written(self.model, self.policy, c, both_reads=False):
             started = synced()
-            records = evaluate(self.model, self.tokenizer, problems, self.policy, settings, 1,
-                               instructions_named("parallel"), batch_size=c.eval_batch)
+            records = evaluate(self.model, self.tokenizer, problems, self.policy, self.settings(c.new_tokens,
+                               c.max_path_tokens), 1, instructions_named("parallel"), batch_size=c.eval_batch)
             seconds, (peak, reserved) = synced() - started, peaks(baseline)
         graded = sum(r.get("correct") is not None for r in records)
-        ok = len(records) == len(problems) == graded
-        value, bound = f"{len(records)} records, {graded} graded, {seconds:.1f} s", f"{c.eval_batch} records, each graded"
-        if CUDA:
-            ok = ok and card is not None and peak <= plan * (1 + c.plan_tolerance)
-            value += (f"; {card} GB card: peak {gib(peak)} GiB allocated / {gib(reserved)} reserved, plan's bound "
-                      f"{gib(plan)}" if card else f"; the plan ({gib(plan)} GiB) fits no card of {c.cards}")
-            bound += f"; on the smallest card the plan fits, peak <= plan x {1 + c.plan_tolerance:g}"
-        return ok, value, bound, dict(records=len(records), seconds=seconds, peak=peak, reserved=reserved, plan=plan,
-                                      card=card)
+        fits = not CUDA or card is not None and peak <= plan * (1 + c.plan_tolerance)
+        return (len(records) == len(problems) == graded and fits, f"{len(records)} records, {graded} graded, "
+                f"{seconds:.1f} s; {card or 'no'} GB card: peak {gib(peak)} GiB / {gib(reserved)} reserved, plan {gib(plan)}",
+                f"{c.eval_batch} graded; peak <= plan x {1 + c.plan_tolerance:g}",
+                dict(records=len(records), seconds=seconds, peak=peak, reserved=reserved, plan=plan, card=card))
 
     def attention(self):
-        """Which sdpa kernel the sampler's decode steps and the training read ran (torch.profiler's op
-        names; a mask is passed, so not flash on a GPU): never the math fallback."""
+        """The sdpa kernels of the sampler's decode steps and of the training read: never the math fallback."""
         rollouts, model = [], self.model
-        settings = SamplerSettings(paths=self.config.paths, max_new_tokens=4, seed=self.config.seed)
-        decode = kernels(lambda: rollouts.extend(sample(model, self.prompts(0, 2)[1], self.policy, settings, [], 2)))
+        decode = kernels(lambda: rollouts.extend(sample(model, self.prompts(0, 2)[1], self.policy, self.settings(4, 4),
+                                                        [], 2)))
         batch = rollout_batch(rollouts, self.pad, model.device)
         model.train()
         train = kernels(lambda: trace_logprobs(model, batch, self.policy)[0].sum().backward())
         model.zero_grad(set_to_none=True)
         model.eval()
-        named = lambda found: ", ".join(sorted(found)) or "none found"  # noqa: E731
-        return (bool(decode) and bool(train) and "math" not in decode | train, f"sampling {named(decode)}; training "
-                f"read {named(train)}", "a fused sdpa kernel in both (flash, efficient, cudnn; a CPU's flash), never the "
-                "math fallback", dict(sampling=sorted(decode), training=sorted(train)))
+        return (bool(decode) and bool(train) and "math" not in decode | train, f"sampling {sorted(decode)}, training "
+                f"{sorted(train)}", "fused in both, never math", dict(sampling=sorted(decode), training=sorted(train)))
 
     def floor(self, report: Report) -> None:
-        """Rows: the prefill, the decode step at the most lanes and the training micro-batch, each against
-        this device's floor for the same rows (bench/speed.py's floor part)."""
+        """Three rows: prefill, decode step (most lanes), training micro-batch against bench/speed.py's floor."""
         sizes = speed.QUICK if self.config.quick else dict(decode_lanes=(1, 64), probes=2)
         try:
             phases = speed.floor_part(self.model, self.tokenizer, speed.SpeedConfig(**sizes), report.console)["phases"]
         except Exception as error:  # noqa: BLE001 (one failed row stands for the three)
-            report.run(f"{self.name}: the floor's phases", lambda: (False, f"{type(error).__name__}: {error}"[:300], "runs", {}))
+            failed = (False, f"{type(error).__name__}: {error}"[:300], "runs", {})
+            report.run(f"{self.name}: the floor's phases", lambda: failed)
             return
         for (what, p), bound in zip((("prefill", phases[0]), ("decode step", phases[-2]),
                                      ("training micro-batch", phases[-1])), self.config.floor_bounds):
-            report.run(f"{self.name}: {what} vs the floor", lambda: (
-                p["ratio"] <= bound, f"{p['phase']}: {p['seconds'] * 1e3:,.1f} ms, {p['ratio']:.2f} x the floor "
-                f"({p['floor_tflops']:.2f} TFLOPS, {p['floor_gb_per_s']:.0f} GB/s)", f"<= {bound:g} x the floor",
-                {k: v for k, v in p.items() if k != "top"}))
-
-
-def kernels(fn) -> set[str]:
-    """The sdpa kernels one call of fn() ran, read from torch.profiler's op names."""
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
-        fn()
-        synced()
-    names = [e.key for e in prof.key_averages() if any(s in e.key for s in ("scaled_dot_product", "fmha", "flash_fwd"))]
-    return {kind for name in names for part, kind in KERNELS.items() if part in name}
+            report.run(f"{self.name}: {what} vs the floor", lambda: (p["ratio"] <= bound, f"{p['phase']}: "
+                       f"{p['seconds'] * 1e3:,.1f} ms, {p['ratio']:.2f} x", f"<= {bound:g} x", {k: v for k, v in p.items()
+                                                                                          if k != "top"}))
 
 
 def check_cycle_memory(name: str, figures: dict, config: CheckConfig):
-    """A step's sampling and training peaks against bench/memory.py's plan for its shape: the sampling
-    peak at the cache the sampler held (the plan's cache is a bound, every response inside a block at
-    full width, which must hold too), the training peak as it is."""
+    """A step's peaks against bench/memory.py's plan: sampling at the cache the sampler held (the plan's is a
+    bound: every response in a block), training as it is."""
     if "training_peak" not in figures:
         raise RuntimeError("not measured: the step did not run")
     tol = config.plan_tolerance
     if not CUDA:
-        return (None, "n/a: a CPU has no memory fraction and no CUDA allocator counters (the CPU plan is "
-                "bench/memory.py --measure's)", f"within {tol:.0%} of the plan", {})
+        return None, "n/a: a CPU has no memory fraction and no CUDA allocator counters", f"within {tol:.0%}", {}
     plan = memory.predict(name, prompts=figures["prompts"], samples=config.samples, new_tokens=config.new_tokens,
                           prompt_tokens=figures["longest_prompt"], paths=config.paths, micro_batch=figures["micro_batch"],
                           checkpointing=figures["checkpointing"])
@@ -526,88 +448,72 @@ def check_cycle_memory(name: str, figures: dict, config: CheckConfig):
     ok = (abs(s_alloc / at_cache - 1) <= tol and s_alloc <= plan["sampling_peak"] * (1 + tol)
           and abs(t_alloc / plan["training_peak"] - 1) <= tol
           and max(s_reserved, t_reserved) <= max(plan["sampling_peak"], plan["training_peak"]) * (1 + tol))
-    return (ok, f"sampling {gib(s_alloc)} GiB allocated / {gib(s_reserved)} reserved vs plan {gib(at_cache)} at the "
-            f"cache held ({gib(figures['cache'])}; bound {gib(plan['sampling_peak'])}); training {gib(t_alloc)} / "
-            f"{gib(t_reserved)} vs plan {gib(plan['training_peak'])}", f"allocated within {tol:.0%} of the plan; "
-            f"reserved <= plan x {1 + tol:g}", dict(plan, sampling_at_cache=at_cache))
+    return (ok, f"GiB allocated / reserved: sampling {gib(s_alloc)} / {gib(s_reserved)}, plan {gib(at_cache)} at the "
+            f"cache held (bound {gib(plan['sampling_peak'])}); training {gib(t_alloc)} / {gib(t_reserved)}, plan "
+            f"{gib(plan['training_peak'])}", f"within {tol:.0%}; reserved <= plan x {1 + tol:g}",
+            dict(plan, sampling_at_cache=at_cache))
 
 
 # --- train.py through a checkpoint's save and resume -----------------------------------------
-STOP_AFTER_CHECKPOINT = """
-import os, runpy, signal, sys
+STOP_AFTER_CHECKPOINT = """import os, runpy, signal, sys
 import nanopar.runner as runner
-signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's own handler, also where a shell's background job ignores it
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's own handler, also in a shell's background job
 prune = runner.prune_checkpoints
-def prune_then_stop(*args):  # right after a stage's first checkpoint: Ctrl-C
-    prune(*args)
-    os.kill(os.getpid(), signal.SIGINT)
-runner.prune_checkpoints = prune_then_stop
+runner.prune_checkpoints = lambda *args: (prune(*args), os.kill(os.getpid(), signal.SIGINT))  # after the first checkpoint
 sys.argv = ["train.py", *sys.argv[1:]]
-runpy.run_path("train.py", run_name="__main__")
-"""
-TRIAL_REWARD = """
-import itertools
-from nanopar.rewards import register  # noqa: E402
-order = itertools.count()
-register("gpu-check-order")(lambda text, trace, problem: float(next(order)))  # every group has a signal
-"""
+runpy.run_path("train.py", run_name="__main__")"""
+TRIAL_REWARD = "from common import bench_order\nfrom nanopar.rewards import register\nregister('trial-order')(bench_order)"
 
 
 def check_trial(folder: str, config: CheckConfig):
-    """train.py --trial 2 --checkpoint-every 1 on the device: stopped by Ctrl-C after checkpoint-1,
-    the same command resumes from it and finishes the trial (a trial of 1 step saves no checkpoint)."""
+    """train.py --trial 2 --checkpoint-every 1: stopped by Ctrl-C after checkpoint-1, the same command resumes
+    from it and finishes the trial (a trial of 1 step saves no checkpoint)."""
     with tempfile.TemporaryDirectory(prefix="nanopar-gpu-check-trial-") as work:
-        Path(work, "reward.py").write_text(TRIAL_REWARD)
-        out = Path(work, "run")
-        args = ["--model", folder, "--load-in-4bit", "--dtype", "bfloat16" if CUDA else "float32",
-                "--device", "cuda" if CUDA else "cpu", "--out", str(out), "--trial", "2", "--checkpoint-every", "1",
-                "--stages", "rl-easy", "--skip", "sft", "--no-eval-model", "--reward-file", str(Path(work, "reward.py")),
-                "--easy-reward", "gpu-check-order", "--prompts-per-step", "2", "--group-size", "4",
-                "--max-new-tokens", str(config.trial_tokens), "--max-path-tokens", str(config.trial_tokens // 2),
-                "--micro-batch-tokens", "2736", "--eval-problems", "0"]
-        run = lambda command: subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,  # noqa: E731
-                                             env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "200"})
-        started = time.perf_counter()
-        stopped = run([sys.executable, "-c", STOP_AFTER_CHECKPOINT, *args])
+        Path(work, "reward.py").write_text(TRIAL_REWARD)  # every group has a signal
+        out, tokens = Path(work, "run"), config.trial_tokens
+        args = ["--model", folder, "--load-in-4bit", "--dtype", "bfloat16" if CUDA else "float32", "--device",
+                "cuda" if CUDA else "cpu", "--out", str(out), "--trial", "2", "--checkpoint-every", "1", "--stages",
+                "rl-easy", "--skip", "sft", "--no-eval-model", "--reward-file", f"{work}/reward.py", "--easy-reward",
+                "trial-order", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", str(tokens),
+                "--max-path-tokens", str(tokens // 2), "--micro-batch-tokens", "2736", "--eval-problems", "0"]
+        env = os.environ | {"PYTHONPATH": f"{ROOT}:{ROOT}/bench", "COLUMNS": "200"}  # bench/: the reward's bench_order
+        run = lambda *command: subprocess.run([sys.executable, *command, *args], cwd=ROOT, env=env,  # noqa: E731
+                                              capture_output=True, text=True, timeout=600)
+        started, stopped = time.perf_counter(), run("-c", STOP_AFTER_CHECKPOINT)
         stage = next(out.glob("*-rl-easy"), out / "missing")
-        saved = (stage / "checkpoint-1" / "trainer_state.pt").is_file()
-        resumed = run([sys.executable, "train.py", *args])
-        seconds = time.perf_counter() - started
-        lines = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
+        saved, resumed = (stage / "checkpoint-1" / "trainer_state.pt").is_file(), run("train.py")
+        seconds, metrics = time.perf_counter() - started, out / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
         steps = [r["step"] for r in map(json.loads, lines) if r.get("stage") == "rl-easy" and "step" in r]
-        said = dict(stopped="interrupted: saved" in stopped.stdout + stopped.stderr,
-                    resumed="resumed from checkpoint-1" in resumed.stdout, projected="--trial 2: the run at" in resumed.stdout)
-        ok = (stopped.returncode != 0 and saved and resumed.returncode == 0 and all(said.values())
-              and steps == [1, 2] and (stage / "final").is_dir())
-        failure = "" if ok else f"; last lines: {(stopped.stderr + resumed.stderr).strip().splitlines()[-1:]}"
-        return (ok, f"{seconds:.0f} s; stopped (status {stopped.returncode}) with checkpoint-1 "
-                f"{'saved' if saved else 'missing'}; resumed (status {resumed.returncode}): "
-                f"{', '.join(k for k, v in said.items() if v) or 'nothing said'}; steps logged {steps}" + failure,
-                "Ctrl-C after checkpoint-1 saves it; the same command says 'resumed from checkpoint-1', logs steps [1, 2] "
-                "once each, saves final/ and projects the run", dict(said, steps=steps, seconds=seconds))
+        said = dict(stopped="interrupted: saved" in stopped.stdout + stopped.stderr, projected="--trial 2: the run at"
+                    in resumed.stdout, resumed="resumed from checkpoint-1" in resumed.stdout)
+        ok = stopped.returncode != 0 and saved and resumed.returncode == 0 and all(said.values()) and steps == [1, 2] \
+            and (stage / "final").is_dir()
+        return (ok, f"{seconds:.0f} s; stopped (status {stopped.returncode}), checkpoint-1 saved {saved}; resumed (status "
+                f"{resumed.returncode}); said {[k for k, v in said.items() if v]}; steps {steps}" + ("" if ok else
+                f"; last lines: {(stopped.stderr + resumed.stderr).strip().splitlines()[-1:]}"), "checkpoint-1 saved "
+                "and resumed from, steps [1, 2], final/ saved, the run projected", dict(said, steps=steps, seconds=seconds))
 
 
 # --- one model, all its checks; the run -------------------------------------------------------
 def check_model(name: str, first: bool, report: Report, config: CheckConfig) -> None:
     """Build `name`, then the groups of checks --only chooses, in order."""
-    wanted = lambda group: not config.only or group in config.only.split(",")  # noqa: E731
+    wanted = lambda *groups: any(not config.only or g in config.only.split(",") for g in groups)  # noqa: E731
     dtype = "bfloat16" if CUDA else "float32"
     with tempfile.TemporaryDirectory(prefix="nanopar-gpu-check-") as folder:
         started = synced()
         save_random_model(name, folder, config.seed)
         report.console.print(f"{name}: built and saved in {synced() - started:.0f} s", highlight=False)
         if wanted("exactness"):  # float32 without 4-bit, then freed by `del` alone (no gc.collect())
-            before = allocated()
-            exact = Loaded(name, folder, "float32", False, config)
+            before, exact = allocated(), Loaded(name, folder, "float32", False, config)
             exact.reads(report, "float32", True, caches=True)
             ref = weakref.ref(exact.model)
             del exact
             held, alive, most = allocated() - before, ref() is not None, config.held_bound_mib
             report.run(f"{name}: the float32 model freed without gc.collect()", lambda: (
-                not alive and held <= most * MiB, ("alive" if alive else "gone") + (
-                    f"; {held / MiB:,.1f} MiB still allocated" if CUDA else ""),
-                "gone" + (f"; <= {most:g} MiB left allocated" if CUDA else ""), dict(held=held)))
-        if any(wanted(g) for g in ("cycles", "eval", "floor")):  # 4-bit NF4 + LoRA + tag rows, bfloat16 compute
+                not alive and held <= most * MiB, f"{'alive' if alive else 'gone'}, {held / MiB:,.1f} MiB left",
+                f"gone, <= {most:g} MiB left", dict(held=held)))
+        if wanted("cycles", "eval", "floor"):  # 4-bit NF4 + LoRA + tag rows, bfloat16 compute
             if CUDA:
                 torch.cuda.empty_cache()  # stands for a fresh process: each model is a user's run of its own
             baseline = (allocated(), torch.cuda.memory_reserved() if CUDA else 0)
@@ -633,32 +539,29 @@ def check_model(name: str, first: bool, report: Report, config: CheckConfig) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every check; the table and the verdict. -> the exit status: 0 only if every check holds"""
+    """Every check, then the verdict. -> the exit status: 0 only if every check holds"""
     global CUDA
     argv = sys.argv[1:] if argv is None else argv
     config = parse_config(CheckConfig, argv, description=__doc__.splitlines()[0])
-    if config.quick:
-        for name, value in QUICK.items():
-            if name not in flags_given(argv):
-                setattr(config, name, value)
-    elif not torch.cuda.is_available():
-        raise SystemExit("error: bench/gpu_check.py needs a CUDA GPU (4-bit bitsandbytes, bfloat16) and torch sees "
-                         "none; use --quick on a CPU")
+    for name in QUICK.keys() - flags_given(argv) if config.quick else ():
+        setattr(config, name, QUICK[name])
+    if not config.quick and not torch.cuda.is_available():
+        raise SystemExit("error: bench/gpu_check.py needs a CUDA GPU and torch sees none; use --quick on a CPU")
     names = [n.strip() for n in config.models.split(",") if n.strip()]
     unknown = sorted(set(names) - set(MODELS)) + sorted(set(filter(None, config.only.split(","))) - set(GROUPS))
     if unknown:
         raise SystemExit(f"error: unknown {', '.join(unknown)}: models {', '.join(MODELS)}; groups {', '.join(GROUPS)}")
     CUDA = not config.quick
     report = Report(config, torch.cuda.get_device_name() if CUDA else f"CPU, {torch.get_num_threads()} threads")
-    report.console.print(f"{report.device}; torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}",
-                         highlight=False)
-    if report.run("pre-flight", lambda: preflight(config)).ok:  # a failure here stops the run at once
+    report.console.print(f"{report.device}; load average {os.getloadavg()[0]:.2f}", highlight=False)
+    if report.run("pre-flight", lambda: preflight(config))["ok"]:  # a failure here stops the run at once
         for i, name in enumerate(names):
             check_model(name, i == 0, report, config)
         seconds = report.seconds()
-        report.run("run time", lambda: (seconds <= config.budget_seconds, f"{seconds:.0f} s",
-                                        f"<= {config.budget_seconds:.0f} s", dict(seconds=seconds)))
-    return report.close()
+        budget = config.budget_seconds
+        report.run("run time", lambda: (seconds <= budget, f"{seconds:.0f} s", f"<= {budget:.0f} s", dict(seconds=seconds)))
+    report.console.print(report.verdict(), highlight=False)
+    return 1 if report.failed() else 0
 
 
 if __name__ == "__main__":
