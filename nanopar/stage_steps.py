@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
@@ -119,7 +120,7 @@ class StageSteps:
             log.write(sample_record(rollout, problems[i // G], i % G, tokenizer, eos)
                       | {"stage": stage.name, "step": step + 1, "reward_spec": spec, "paid": paid[i]})
 
-    def folder(self, stage: Stage):
+    def folder(self, stage: Stage) -> Path:
         return stage_folder(self.config.out, self.stages, stage)
 
 
