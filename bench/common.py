@@ -1,13 +1,10 @@
-"""What the benchmarks share: a piece of work's peak resident memory (psutil, every 2 ms, after
-glibc's `malloc_trim` so each part's rise is its own), the load average beside it, the closing
-report, a reward that gives every group a signal, and the real-model preamble (--model, --dtype,
-the model as train.py loads it, GSM8K prompts). `from common import PeakRSS`: a script's folder is
-on sys.path. Not here: what is measured (each script says).
-"""
+"""What the benchmarks share: a piece of work's peak resident-memory rise, the load average beside it,
+the closing report, a reward that gives every group a signal, a training batch with a parallel block,
+and the real-model preamble (the model as train.py loads it, GSM8K prompts). `from common import
+peak_rise`: a script's folder is on sys.path. Not here: what is measured (each script says)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import gc
@@ -15,13 +12,11 @@ import itertools
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import psutil
 
 MB = 2**20
-PAD = 0  # the padding id of the benchmarks' batches
 ORDER = itertools.count()
 
 
@@ -44,70 +39,40 @@ def write_report(report: dict, out: str, console) -> dict:
     return report
 
 
-def hand_back_free_memory() -> None:
-    """Return freed heap pages to the system (glibc), so the next part's RSS rise is its own."""
+def peak_rise(fn) -> tuple[int, object]:
+    """(fn()'s peak resident bytes above those at the start, sampled every 2 ms; fn's result). Freed heap
+    pages go back to the system first (glibc's `malloc_trim`), so the rise is fn's own."""
+    gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
+    process, done = psutil.Process(), threading.Event()
+    start = process.memory_info().rss
+    peak = [start]
 
+    def watch():
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], process.memory_info().rss)
 
-class PeakRSS:
-    """`with PeakRSS() as p:` ... `p.rise`: peak resident bytes above those at the start."""
-
-    def __enter__(self):
-        hand_back_free_memory()
-        self.process, self.running = psutil.Process(), True
-        self.start = self.peak = self.process.memory_info().rss
-        self.thread = threading.Thread(target=self.watch, daemon=True)
-        self.thread.start()
-        return self
-
-    def watch(self):
-        while self.running:
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.002)
-
-    def __exit__(self, *exc):
-        self.running = False
-        self.thread.join()
-        self.rise = max(self.peak, self.process.memory_info().rss) - self.start
-
-
-def peak_rise(fn) -> tuple[int, object]:
-    """(peak resident bytes above those at the start, fn's result)."""
-    gc.collect()
-    with PeakRSS() as watch:
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
         result = fn()
-    return watch.rise, result
+    finally:
+        done.set()
+        watcher.join()
+    return max(peak[0], process.memory_info().rss) - start, result
 
 
-def bench_parser(doc: str) -> argparse.ArgumentParser:
-    """A parser with the docstring's first line, --model and --dtype."""
-    parser = argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="pypi:qwen2.5-coder-0.5b", help="the model (tiny:qwen2: a random tiny one)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (defaults.cpu_dtype)")
-    return parser
-
-
-def bench_args(parser, argv: list[str] | None, rounds: tuple[int, str], quick: dict, quick_help: str):
-    """`parser` with --rounds (default, help), --quick (sets `quick`'s fields) and --out, parsed from `argv`."""
-    parser.add_argument("--rounds", type=int, default=rounds[0], help=rounds[1])
-    parser.add_argument("--quick", action="store_true", help=f"{quick_help} (overrides the size flags)")
-    parser.add_argument("--out", default="", help="write every figure to this JSON file")
-    args = parser.parse_args(argv)
-    for name, value in quick.items() if args.quick else ():
-        setattr(args, name, value)
-    return args
-
-
-def load_bench_model(args, console):
-    """(model, tokenizer, resolved dtype) of `args.model` in `args.dtype` as train.py loads it (LoRA r16,
-    B = 0, and the tag rows), after a header line: the dtype, threads, load average."""
+def load_bench_model(args, console, dtype: str = ""):
+    """(model, tokenizer, resolved dtype) of `args.model` in `dtype` or `args.dtype` as train.py loads it (LoRA
+    r16, B = 0, and the tag rows), after a header line: the dtype, threads, load average."""
     import torch
 
     from nanopar.defaults import cpu_dtype, on_cpu
     from nanopar.model import ModelSettings, cpu_bf16_instructions, load_model
 
-    dtype = cpu_dtype(False) if args.dtype == "auto" and on_cpu("auto") else args.dtype
+    dtype = dtype or args.dtype
+    dtype = cpu_dtype(False) if dtype == "auto" and on_cpu("auto") else dtype
     console.print(f"{args.model}, dtype {dtype} (bfloat16 instructions: {cpu_bf16_instructions()}), "
                   f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}", highlight=False)
     torch.manual_seed(0)
@@ -120,3 +85,19 @@ def gsm8k_prompts(tokenizer, count: int, split: str = "gsm8k_train") -> list[lis
     from nanopar.prompts import build_prompt, instructions_named
 
     return [build_prompt(p, tokenizer, instructions_named("answer")) for p in load_problems(split, limit=count)]
+
+
+def block_batch(tags, words: int, rows: int, tokens: int, device="cpu"):
+    """`rows` rows of `tokens` random ids below `words` (seeded): a quarter prompt, the rest a response holding one
+    parallel block of two paths, every response token weighted. -> TokenBatch"""
+    import torch
+
+    from nanopar.forward import make_batch
+
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(1, words, (n,), generator=g).tolist()  # noqa: E731
+    third = (tokens - tokens // 4 - 8) // 3  # a third of the response's ids, less its 8 tags
+    responses = [ids(third) + [tags.block_open, tags.path_open] + ids(third) + [tags.path_close, tags.path_open]
+                 + ids(tokens - tokens // 4 - 8 - 2 * third)
+                 + [tags.path_close, tags.block_close, tags.summary_open, tags.summary_close] for _ in range(rows)]
+    return make_batch([ids(tokens // 4) for _ in range(rows)], responses, [[1.0] * len(r) for r in responses], 0, device)

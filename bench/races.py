@@ -4,12 +4,9 @@
     python bench/races.py --quick                    # each race's smallest sizes on tiny models: a CPU smoke run
     python bench/races.py --only row_skip --sizes with_signal=1       # a size changed
 
-Each race of RACES: the question it settled, its builder (the library's side, a call into nanopar as it runs today;
-the plain side the library no longer has, written there), its sizes (full, --quick) and the check that both sides
-agree (tokens, log-probs, losses, gradients: bit for bit or to a stated tolerance) on their warm-up calls, before any
-timing. Both sides run in this process (data_parallel: in each of torchrun's), taking turns, best of --rounds. The
-ratio is plain / library: after a torch or transformers upgrade, one below 1 is a decision to revisit. A race on a
-model or GGUF wheel not installed, or on torchrun, is skipped in one line. Figures: bench/README.md.
+Each race of RACES: the question it settled, its builder (the library's side as nanopar runs today; the plain side
+it replaced, written there), its sizes (full, --quick) and the check that both sides agree on their warm-up calls,
+before any timing. The ratio is plain / library: below 1, a decision to revisit. Details and figures: bench/README.md.
 Not here: speed against this machine's floor (bench/speed.py), memory (bench/memory.py).
 """
 
@@ -30,7 +27,7 @@ import importlib.util
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -39,12 +36,12 @@ from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from rich.console import Console
 from rich.table import Table
 
-from common import PAD, gsm8k_prompts, load_average, load_bench_model
+from common import block_batch, gsm8k_prompts, load_average, load_bench_model
 from nanopar import distributed, head
 from nanopar.config import parse_config
 from nanopar.data import load_traces
 from nanopar.draw_in_place import draw_in_place
-from nanopar.forward import make_batch, trace_logprobs
+from nanopar.forward import trace_logprobs
 from nanopar.grpo import GRPOSettings, group_advantages, grpo_update
 from nanopar.kvcache import LaneCache, LazyLaneCache
 from nanopar.model import ModelSettings, apply_lora, gguf_folder, load_model
@@ -115,12 +112,11 @@ class Race:
 
 def timed(contest: Contest, rounds: int) -> Result:
     """A warm-up call of each side, their outputs checked, then `rounds` calls each, taking turns."""
-    before, outputs, sides = os.getloadavg()[0], [], (contest.library, contest.plain)
+    before, outputs, sides, best = os.getloadavg()[0], [], (contest.library, contest.plain), [float("inf")] * 2
     for side, call in enumerate(sides):
         contest.reset(side)
         outputs.append(call())
     agreed = contest.check(*outputs)
-    best = [float("inf"), float("inf")]
     for round_ in range(rounds):
         for side in (1, 0) if round_ % 2 else (0, 1):
             contest.reset(side)
@@ -214,23 +210,6 @@ def missing(need: str, config: RacesConfig, sizes: dict) -> str:
     if wheel is None or all(importlib.util.find_spec(package) for package in wheel.packages):
         return ""
     return f"needs {name}, not installed: {wheel.install}"
-
-
-def load(config: RacesConfig, dtype: str = ""):
-    """(model, tokenizer) of --model as train.py loads it (LoRA r16, B = 0, the tag rows), in `dtype` or --dtype."""
-    return load_bench_model(replace(config, dtype=dtype or config.dtype), console)[:2]
-
-
-def block_batch(tags: TagIds, words: int, rows: int, tokens: int):
-    """`rows` rows of `tokens` random ids below `words`: a quarter prompt, the rest a response holding one parallel
-    block of two paths, every response token weighted. -> TokenBatch"""
-    g = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(1, words, (n,), generator=g).tolist()  # noqa: E731
-    third = (tokens - tokens // 4 - 8) // 3  # a third of the response's ids, less its 8 tags
-    responses = [ids(third) + [tags.block_open, tags.path_open] + ids(third) + [tags.path_close, tags.path_open]
-                 + ids(third) + [tags.path_close, tags.block_close, tags.summary_open, tags.summary_close]
-                 for _ in range(rows)]
-    return make_batch([ids(tokens // 4) for _ in range(rows)], responses, [[1.0] * len(r) for r in responses], PAD)
 
 
 def read(model, batch, policy: Policy, head_read: str = "auto"):
@@ -330,7 +309,7 @@ def policy_scores_race(config, rows: int, vocab: int, real_vocab: int) -> Contes
 def kv_append(config, prompts: int, samples: int, tokens: int) -> Contest:
     """Library: `kvcache.LazyLaneCache` writes a decode step's KV column into spare columns. Plain: `LaneCache`
     concatenates, as DynamicCache does (the whole cache copied per layer and step). GSM8K, no tags: no fork."""
-    model, tokenizer = load(config)
+    model, tokenizer = load_bench_model(config, console)[:2]
     questions, policy = gsm8k_prompts(tokenizer, prompts), Policy(None, temperature=1.0, vocab_size=len(tokenizer))
     return Contest(lambda: sampled(model, questions, policy, tokens, samples, lane_cache=LazyLaneCache),
                    lambda: sampled(model, questions, policy, tokens, samples, lane_cache=LaneCache),
@@ -342,7 +321,7 @@ def lora_casts(config, prompts: int, samples: int, tokens: int) -> Contest:
     Plain: the casts made at every call of a layer (168 a decode step on the Qwen). GSM8K prompts, no tags."""
     from nanopar import lora_dtype  # imports bitsandbytes: only where a race needs it
 
-    model, tokenizer = load(config, "bfloat16")
+    model, tokenizer = load_bench_model(config, console, "bfloat16")[:2]
     questions, policy = gsm8k_prompts(tokenizer, prompts), Policy(None, temperature=1.0, vocab_size=len(tokenizer))
 
     def plain():
@@ -367,7 +346,7 @@ def lora_output(config, rows: int, tokens: int) -> Contest:
     Plain: `viewed_forward`. A bf16 training read, a parallel block a row, LoRA's B drawn small (not 0), T = 0.7."""
     from nanopar import lora_dtype  # imports bitsandbytes: only where a race needs it
 
-    model, tokenizer = load(config, "bfloat16")
+    model, tokenizer = load_bench_model(config, console, "bfloat16")[:2]
     with torch.no_grad():  # B = 0 at load: drawn small, so the update is not 0
         for parameter in (p for name, p in model.named_parameters() if "lora_B" in name):
             parameter.normal_(0, 0.01)
@@ -384,7 +363,7 @@ def lora_output(config, rows: int, tokens: int) -> Contest:
 def row_skip(config, prompts: int, group_size: int, tokens: int, with_signal: int) -> Contest:
     """Library: `grpo_update` leaves rows of advantage 0 unread (with no KL term they add exactly 0). Plain: those at
     1e-6, every row read. One sampled batch, rows packed under 2,048 tokens, AdamW at lr 0 (the weights stay put)."""
-    model, tokenizer = load(config)
+    model, tokenizer = load_bench_model(config, console)[:2]
     policy = Policy(None, temperature=1.0, vocab_size=len(tokenizer))
     rollouts = sample(model, gsm8k_prompts(tokenizer, prompts), policy, SamplerSettings(max_new_tokens=tokens, seed=0),
                       [], group_size)  # [P * G]
@@ -443,7 +422,7 @@ def dtype(config, traces: int) -> Contest:
     Plain: float32. A cold-start step of --model in each (`sft_step`, `traces` Parallel-GSM8K traces, AdamW at lr 0)."""
     sides, chosen_traces = [], load_traces("parallel-gsm8k")[:traces]
     for kind in ("bfloat16", "float32"):
-        model, tokenizer = load(config, kind)
+        model, tokenizer = load_bench_model(config, console, kind)[:2]
         prompts = [build_prompt(t["question"], tokenizer, "") for t in chosen_traces]
         responses = [tokenizer.encode(PARALLEL_R1.as_sampled(t["response"]), add_special_tokens=False)
                      + [tokenizer.eos_token_id] for t in chosen_traces]

@@ -5,29 +5,14 @@
     python bench/speed.py --quick                      # tiny sizes, one round (the real model's steps still need > 4 GB)
     python bench/speed.py --quick --model tiny:qwen2   # the same code on a random tiny model: seconds (the tests run it)
 
---model loads as train.py loads it (LoRA r16 and the tag rows); prompts are GSM8K questions with
-the qwen preset's answer request (the floor's: random ids). A race runs its sides in this process,
-taking turns, best of --rounds after a warm-up call of each; each row prints the load average.
-
-floor    A phase's floor: the model's own dense layers (every nn.Linear but LoRA's, and the head)
-         over its rows, one after another, nothing else (work no implementation can skip, at this
-         machine's speed for these shapes); a training read's adds the input's gradient. Raced
-         against it: the sampler's prefill, an evaluation batch's, a decode step at each of
-         --decode-lanes ((a call of 1 + S tokens - a call of 1) / S, the draw included) and a
-         training micro-batch (`trace_logprobs` forward + backward, one parallel block a row).
-         Before them one weight's product repeated (this machine's best case); after, profiles.
-sampler  the sampler against `model.generate` at --lanes lanes, T = 1, no tags, --new-tokens a lane.
-fork     forked against sequential decoding (eval.py's `eval_report.speedup`) at --fork-lanes: a
-         hook forces <Parallel> --lead tokens into each response (a real model writes none), bans
-         the other tags and EOS; --path-tokens closes each of --paths paths. The wall-clock
-         speed-up beside the token-level acceleration (response tokens / critical-path tokens).
-rebuild  a sampler call with the plain `LaneCache` against the lazy `LazyLaneCache` (a fork's copy
-         rides on the next step's append), <Parallel> and </Path> biased so lanes fork: same tokens.
-steps    a cold-start step (`sft_step`, 4 Parallel-GSM8K traces) and a GRPO step (the library's
-         `grpo_step`; `common.bench_order`'s reward gives every group a signal) at --preset qwen.
-On a GPU the same code profiles the kernels (bench/gpu_check.py runs the floor part). Not here:
-4-bit weights, accuracy (eval.py), memory (bench/memory.py), single optimisations (bench/races.py),
-attention's floor (it grows with the context: in a phase's time, not in its floor).
+Each part races nanopar against a baseline in this process, taking turns, best of --rounds after a warm-up call of
+each; each row prints the load average. floor: a phase (the sampler's prefill, an evaluation batch's, a decode step
+at each of --decode-lanes, a training micro-batch) against the model's own dense layers over its rows, nothing else;
+sampler: the sampler against `model.generate`; fork: forked against sequential decoding (eval.py's speedup), a
+block forced by a hook; rebuild: the plain `LaneCache` against `LazyLaneCache`; steps: a cold-start step and the
+library's `grpo_step` at --preset qwen. What each measures, and the figures: bench/README.md. On a GPU the same code
+profiles the kernels (bench/gpu_check.py runs the floor part). Not here: 4-bit weights, accuracy (eval.py), memory
+(bench/memory.py), single optimisations (bench/races.py), attention's floor (it grows with the context).
 """
 
 from __future__ import annotations
@@ -47,14 +32,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, bench_order, gsm8k_prompts, load_average, load_bench_model, peak_rise, write_report
+from common import MB, bench_order, block_batch, gsm8k_prompts, load_average, load_bench_model, peak_rise, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: nanopar, train.py's presets
 from nanopar.config import parse_config  # noqa: E402
 from nanopar.data import load_problems, load_traces  # noqa: E402
 from nanopar.defaults import REAL_SAMPLING  # noqa: E402
 from nanopar.eval_report import speedup  # noqa: E402
-from nanopar.forward import make_batch, trace_logprobs  # noqa: E402
+from nanopar.forward import trace_logprobs  # noqa: E402
 from nanopar.grpo import GRPOSettings, grpo_step  # noqa: E402
 from nanopar.kvcache import LaneCache, LazyLaneCache  # noqa: E402
 from nanopar.optim import make_optimizer  # noqa: E402
@@ -235,20 +220,6 @@ def random_prompts(count: int, length: int, words: int, seed: int) -> list[list[
     return torch.randint(0, words, (count, length), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def training_batch(tokenizer, words: int, rows: int, tokens: int, device):
-    """`rows` rows of `tokens` random ids, a quarter prompt, the rest response with one parallel block of
-    two paths (every response token weighted). -> (TokenBatch, weighted positions)"""
-    tags, prompt = Policy.for_tokenizer(tokenizer).tag_ids, tokens // 4
-    responses = []
-    for ids in random_prompts(rows, tokens - prompt - 8, words, 7):
-        a, b = len(ids) // 3, 2 * len(ids) // 3
-        responses.append(ids[:a] + [tags.block_open, tags.path_open] + ids[a:b] + [tags.path_close, tags.path_open] + ids[b:]
-                         + [tags.path_close, tags.block_close, tags.summary_open, tags.summary_close])
-    batch = make_batch(random_prompts(rows, prompt, words, 8), responses, [[1.0] * len(r) for r in responses],
-                       pad_id=tokenizer.pad_token_id or 0, device=device)
-    return batch, int((batch.target_mask > 0).sum())
-
-
 @dataclass
 class Phase:
     name: str  # as the table shows it
@@ -277,13 +248,14 @@ def floor_part(model, tokenizer, config: SpeedConfig, console) -> dict:
         prompts = random_prompts(lanes, config.decode_prompt_tokens, words, lanes)
         phases.append(Phase(f"decode step, {lanes} lanes", lanes, lanes, run(prompts, 1), run(prompts, 1 + S), step=True))
     R, W = config.train_rows, config.train_tokens
-    batch, weighted = training_batch(tokenizer, words, R, W, device)
+    batch = block_batch(policy.tag_ids, words, R, W, device)  # one parallel block a row, every response token weighted
 
     def train_read():
         model.zero_grad(set_to_none=True)
         logprobs, _ = trace_logprobs(model, batch, policy)  # [R, W - 1]
         (logprobs * batch.target_mask).sum().backward()
 
+    weighted = int((batch.target_mask > 0).sum())  # the head's rows
     phases.append(Phase(f"training micro-batch, {R} x {W} tokens", R * W, weighted, train_read, backward=True))
     report, was_training = {"probes": probes(model, config.probes, console), "phases": []}, model.training
     for phase in phases:
