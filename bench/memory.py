@@ -5,16 +5,13 @@
     python bench/memory.py --measure            # measure the coefficients on this CPU (minutes a model), then the plan
     from memory import predict                  # with bench/ on sys.path: bytes of each component
 
-The plan: the peak of each half of a GRPO step, 4-bit NF4 + LoRA + the six tag rows, from coefficients
-measured on a CPU (docs/memory_coefficients.json), linear in the depth, the rows and their length:
+The plan: the peak of each half of a GRPO step (4-bit NF4 + LoRA + the six tag rows), linear in the depth, the rows
+and their length, from coefficients measured on a CPU (docs/memory_coefficients.json):
     sampling = weights + LoRA + AdamW states + KV cache (B x G x K rows: the bound) + one decode step
     training = weights + LoRA + AdamW states + LoRA grads + max(activations + logits chunk, embedding)
---measure builds a random model of each published config (no download) as `load_model` builds it, at
-2 and 4 layers (a slope per layer and the rest), and takes tensor bytes where exact, else the peak rise
-of the resident set, glibc's mmap threshold at 64 KiB (a freed tensor leaves it as it leaves a GPU
-allocator), in bfloat16, the GPU's compute dtype. Not in the plan: the CUDA context and fragmentation
-(the recommendations allow 1 GiB + 10%), a KL reference, GPU-only attention kernels. Not here: a GPU
-run (bench/gpu_check.py).
+--measure: random models of the published configs (no download) at 2 and 4 layers, in bfloat16 (bench/README.md
+says how). Not in the plan: the CUDA context and fragmentation (the recommendations allow 1 GiB + 10%), a KL
+reference, GPU-only attention kernels. Not here: a GPU run (bench/gpu_check.py).
 """
 
 from __future__ import annotations
@@ -30,8 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
-from nanopar.head import CHUNK_BYTES
+from common import peak_rise
+from nanopar.draw_in_place import draw  # the sampler's draw
+from nanopar.head import CHUNK_BYTES, decoder_and_head, head_logprobs
+from nanopar.kvcache import LaneCache
+from nanopar.layout import build_layout, mask_dtype
+from nanopar.sampler import SamplerSettings
 
 GiB = 2**30
 # The published configs (config.json of each hub repo), written out: no download here.
@@ -49,20 +52,11 @@ COEFFICIENTS = Path(__file__).resolve().parent.parent / "docs" / "memory_coeffic
 DEFAULT_CHUNK = min(max(1, CHUNK_BYTES // (4 * (spec[7] + 6))) for spec in MODELS.values())
 CHUNKS = (DEFAULT_CHUNK, 2 * DEFAULT_CHUNK)  # logits-chunk sizes measured (positions), two chunks each
 DTYPE = torch.bfloat16  # of the measurement: the GPU's compute dtype
-
-
 # {"plain_read_per_token": {model: bytes}, "models": {model: coefficients}}, numeric keys (tokens, layers) as ints
 STORED = json.loads(COEFFICIENTS.read_text(), object_pairs_hook=lambda kv: {int(k) if k.isdigit() else k: v for k, v in kv})
 
 
 # --- the plan ----------------------------------------------------------------------------------
-def sequence_tokens(prompt_tokens: int, new_tokens: int, paths: int, max_blocks: int) -> int:
-    """Tokens of the longest row: the sampler's own bound (`SamplerSettings.longest_row`)."""
-    from nanopar.sampler import SamplerSettings
-
-    return SamplerSettings(paths=paths, max_new_tokens=new_tokens, max_blocks=max_blocks).longest_row(prompt_tokens)
-
-
 @dataclass
 class PlanConfig:
     model: str = "all"  # qwen2.5-0.5b | qwen2.5-1.5b | qwen3-0.6b | qwen3-1.7b | all
@@ -79,6 +73,11 @@ class PlanConfig:
     gpus: tuple[int, ...] = (12, 24)  # GPU sizes (GiB) to recommend settings for
     measure: bool = False  # first measure --model's coefficients on this CPU (rows of the longest row, B x G x K decode lanes) and write them
 
+    def longest_row(self) -> int:
+        """Tokens of the longest row: the sampler's own bound."""
+        settings = SamplerSettings(paths=self.paths, max_new_tokens=self.new_tokens, max_blocks=self.max_blocks)
+        return settings.longest_row(self.prompt_tokens)
+
 
 def predict(model_name: str, layers: int | None = None, coefficients: dict | None = None, **setting) -> dict[str, int]:
     """Bytes of each component of one GRPO step and its two peaks, sampling_peak and training_peak. setting:
@@ -86,46 +85,34 @@ def predict(model_name: str, layers: int | None = None, coefficients: dict | Non
     s = PlanConfig(**setting)
     c = coefficients if coefficients is not None else STORED["models"][model_name]
     depth = layers or MODELS[model_name][2]
-    T = sequence_tokens(s.prompt_tokens, s.new_tokens, s.paths, s.max_blocks)
+    T = s.longest_row()
     rank = s.lora_rank / c["lora_rank"]
     weights = c["weights"]["fixed"] + depth * c["weights"]["per_layer"]
     lora = c["lora"]["fixed"] + depth * c["lora"]["per_layer"] * rank  # tag rows do not scale with r
     adam = c["adam"]["fixed"] + depth * c["adam"]["per_layer"] * rank
-    rows_no_fork = s.prompts * s.samples
-    rows = rows_no_fork * s.paths  # every response inside a K-path block at once: the bound
+    rows_no_fork, rows = s.prompts * s.samples, s.prompts * s.samples * s.paths  # rows: every response in a block, the bound
     kv = c["kv_per_token_layer"] * depth * T  # one row's cache
     a = c["activations"]["checkpointing" if s.checkpointing else "plain"]
     mask = c["mask_bytes_per_element"]
     per_row = (a["fixed"] + depth * a["per_layer"] - mask * c["T0"] ** 2) * T / c["T0"] + mask * T**2
     read = s.micro_batch * (T - 1)  # tokens a micro-batch reads; a chunk holds at most these
-    if s.chunk_tokens:
-        logits = chunk_peak(c, min(s.chunk_tokens, read))
-    else:  # the plain read: [b, T, V] logits, float32 log-softmax and their gradients at once
+    chunk, largest = min(s.chunk_tokens, read), max(c["chunk"]["at"])  # largest: of the two chunk sizes measured
+    if not s.chunk_tokens:  # the plain read: [b, T, V] logits, float32 log-softmax and their gradients at once
         logits = read * STORED["plain_read_per_token"][model_name]
+    elif chunk >= largest:  # past the measured sizes: proportional to the largest (conservative: scales the intercept)
+        logits = c["chunk"]["at"][largest] * chunk / largest
+    else:  # the line through the two measured sizes, at least 0
+        logits = max(0.0, c["chunk"]["const"] + chunk * c["chunk"]["per_token"])
+    d = c["decode"]  # a decode step's largest phase: the embedding lookup, the layers (new K/V beside the old), head + draw
+    decode = max(c["embedding_forward"], rows * (d["per_row"] + d["per_row_column"] * T),
+                 d["head_const"] + rows * d["head_per_row"])
     out = dict(weights=weights, lora=lora, adam=adam, grads=lora, kv_cache=kv * rows, kv_cache_no_fork=kv * rows_no_fork,
-               decode_step=decode_peak(c, rows, T), activations=s.micro_batch * per_row, logits_chunk=logits)
+               decode_step=decode, activations=s.micro_batch * per_row, logits_chunk=logits)
     out = {k: int(v) for k, v in out.items()}
     out["sampling_peak"] = out["weights"] + out["lora"] + out["adam"] + out["kv_cache"] + out["decode_step"]
     out["training_peak"] = (out["weights"] + out["lora"] + out["adam"] + out["grads"]
                             + max(out["activations"] + out["logits_chunk"], int(c["embedding_train"])))
     return out
-
-
-def chunk_peak(c: dict, tokens: int) -> float:
-    """A logits chunk's peak: the line through the two measured sizes between them and below (at least 0),
-    proportional to the largest above it (conservative: that scales the intercept too)."""
-    at = c["chunk"]["at"]
-    largest = max(at)
-    return (at[largest] * tokens / largest if tokens >= largest
-            else max(0.0, c["chunk"]["const"] + tokens * c["chunk"]["per_token"]))
-
-
-def decode_peak(c: dict, rows: int, width: int) -> float:
-    """A decode step's largest phase: the embedding lookup, the layers (each one's new K/V beside the old),
-    or the output embedding + draw."""
-    d = c["decode"]
-    return max(c["embedding_forward"], rows * (d["per_row"] + d["per_row_column"] * width),
-               d["head_const"] + rows * d["head_per_row"])
 
 
 def fits(total: int, gib: int) -> bool:
@@ -151,7 +138,7 @@ def recommend(name: str, gib: int, args: PlanConfig, coefficients: dict) -> dict
 
 def print_plan(args: PlanConfig, coefficients: dict) -> None:
     """The plan's components for each model of `coefficients` (GiB), then the flags that fit each of `args.gpus`."""
-    T = sequence_tokens(args.prompt_tokens, args.new_tokens, args.paths, args.max_blocks)
+    T = args.longest_row()
     plan = {ck: {n: predict(n, coefficients=c, **vars(args) | {"checkpointing": ck}) for n, c in coefficients.items()}
             for ck in (True, False)}
     rows, bound, b, on = args.prompts * args.samples, args.prompts * args.samples * args.paths, args.micro_batch, args.checkpointing
@@ -234,16 +221,9 @@ def line_of(at: dict[int, float]) -> dict:
 def measure_model(name: str, T0: int, rows: int, rank: int) -> dict:
     """Every coefficient `predict` reads, for one model (activations on a row of `T0` tokens, decode steps of
     `rows` lanes): tensor bytes, or the peak rise of the resident set (`common.peak_rise`) of one phase."""
-    from transformers import DynamicCache
+    from nanopar.model import enable_gradient_checkpointing  # imports peft: only where a measurement needs it
 
-    from common import peak_rise
-    from nanopar.head import decoder_and_head, head_logprobs
-    from nanopar.kvcache import LaneCache
-    from nanopar.layout import build_layout, mask_dtype
-    from nanopar.model import enable_gradient_checkpointing
-    from nanopar.sampler import draw
-
-    vocab, g = MODELS[name][7] + 6, torch.Generator().manual_seed(0)  # the policy's vocabulary: tokenizer + the tags
+    started, vocab, g = time.perf_counter(), MODELS[name][7] + 6, torch.Generator().manual_seed(0)  # vocab: + the tags
     model, tags = build(name, max(BUILT_LAYERS), rank)
     (decoder, head), config, dtype = decoder_and_head(model), model.config, mask_dtype(model)
     built = list(decoder.layers)
@@ -300,10 +280,9 @@ def measure_model(name: str, T0: int, rows: int, rank: int) -> dict:
         p.grad = torch.zeros_like(p) if p.requires_grad else None
     model.train()
     layers_trained(1, 64), chunks_read(64)  # warm-up
-    for kind in ("plain", "checkpointing"):
-        if kind == "checkpointing":
-            enable_gradient_checkpointing(model)
-        out["activations"][kind] = line_of({depth: layers_trained(depth, T0) for depth in BUILT_LAYERS})
+    out["activations"]["plain"] = line_of({depth: layers_trained(depth, T0) for depth in BUILT_LAYERS})
+    enable_gradient_checkpointing(model)
+    out["activations"]["checkpointing"] = line_of({depth: layers_trained(depth, T0) for depth in BUILT_LAYERS})
     fit = line_of(at := {n: chunks_read(n) for n in CHUNKS})
     out["chunk"] = {"const": fit["fixed"], "per_token": fit["per_layer"], "at": at,
                     "no_entropy_at_default": chunks_read(CHUNKS[0], entropy=False)}
@@ -322,6 +301,7 @@ def measure_model(name: str, T0: int, rows: int, rank: int) -> dict:
     out["kv_per_token_layer"] = cache // (rows * T0 * BUILT_LAYERS[0])  # = 2 x kv heads x head_dim x bytes
     del model, built, decoder, head
     gc.collect()
+    print(f"  {name}: {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")
     return out
 
 
@@ -338,12 +318,8 @@ def main(argv=None):
             ctypes.CDLL(None).mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (otherwise it grows to 32 MiB)
         print(f"measuring on this CPU ({torch.get_num_threads()} threads, torch {torch.__version__}), "
               f"load average {os.getloadavg()[0]:.2f}")
-        T = sequence_tokens(args.prompt_tokens, args.new_tokens, args.paths, args.max_blocks)
-        coefficients = {}
-        for n in names:
-            started = time.perf_counter()
-            coefficients[n] = measure_model(n, T, args.prompts * args.samples * args.paths, args.lora_rank)
-            print(f"  {n}: {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")
+        T = args.longest_row()
+        coefficients = {n: measure_model(n, T, args.prompts * args.samples * args.paths, args.lora_rank) for n in names}
         stored = json.loads(COEFFICIENTS.read_text())  # the other models' and the plain read's kept
         COEFFICIENTS.write_text(json.dumps(stored | {"models": stored["models"] | coefficients}, indent=1) + "\n")
         print(f"written to {COEFFICIENTS}; load average {os.getloadavg()[0]:.2f}")
