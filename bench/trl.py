@@ -4,12 +4,7 @@
     OMP_WAIT_POLICY=PASSIVE python bench/trl.py                     # Qwen2.5-Coder-0.5B, 2 x 8 x 128 tokens, 3 rounds
     python bench/trl.py --quick --model tiny:qwen2                  # the same code on a random tiny model: a smoke run
 
-The same work on both sides in one process: the model loaded twice by `load_model` with LoRA r16 on the
-seven projections (nanopar's with its tag rows, TRL's from a `peft_config`); the same GSM8K prompt ids
-(checked); --group-size responses of exactly --max-new-tokens tokens at T = 1, no tags; the reward
-`bench_order` (never equal in a group: the update runs); one AdamW step over every row, on-policy,
-token-mean loss (TRL's "dapo"), z-scored advantages, no KL, the norm clipped to 1. nanopar's step is the
-library's `grpo_step`; TRL's one `trainer.train()` of one step. Memory: each call's peak resident-set rise.
+The same work on both sides in one process (bench/README.md lists it); memory: each call's peak resident-set rise.
 Not here: a GPU, vLLM, 4-bit weights, forking, whether either side learns.
 """
 
@@ -32,11 +27,10 @@ from peft import LoraConfig
 from rich.console import Console
 from transformers import PrinterCallback, TrainerCallback
 
-from common import MB, bench_order, load_average, peak_rise, write_report
+from common import MB, bench_order, load_average, load_bench_model, peak_rise, write_report
 from nanopar import grpo
 from nanopar.config import parse_config
 from nanopar.data import load_problems
-from nanopar.defaults import cpu_dtype, on_cpu
 from nanopar.grpo import GRPOSettings
 from nanopar.model import QWEN_PROJECTIONS, ModelSettings, load_model
 from nanopar.optim import make_optimizer
@@ -75,13 +69,10 @@ def import_trl():
         sys.path[:] = path
 
 
-def nanopar_side(config: TRLConfig, dtype: str, problems, instructions: str):
-    """nanopar's model and its step: the library's `grpo_step`, with no stop ids. -> (model, prompt ids, step)"""
-    torch.manual_seed(0)
-    model, tokenizer = load_model(ModelSettings(config.model, dtype=dtype, lora=True))  # LoRA as LORA, B = 0; tag rows
+def nanopar_side(config: TRLConfig, model, tokenizer, problems, instructions: str):
+    """nanopar's step: the library's `grpo_step`, with no stop ids. -> (prompt ids, step)"""
     prompts = [build_prompt(p, tokenizer, instructions) for p in problems]
-    policy = Policy(None, temperature=1.0, vocab_size=len(tokenizer))  # no tags: nothing forks
-    rows = len(problems) * config.group_size
+    policy, rows = Policy(None, temperature=1.0, vocab_size=len(tokenizer)), len(problems) * config.group_size  # no tags
     settings = GRPOSettings(group_size=config.group_size, micro_batch=rows, max_grad_norm=1.0, loss_agg="token-mean",
                             advantage="zscore")
     optimizer, _ = make_optimizer(model, config.lr)  # AdamW, kept across the steps
@@ -94,7 +85,7 @@ def nanopar_side(config: TRLConfig, dtype: str, problems, instructions: str):
         seconds = time.perf_counter() - started
         assert not metrics["skipped_no_signal"] and [r.stats.new_tokens for r in rollouts] == [config.max_new_tokens] * rows
         return {"generate": metrics["sample_seconds"], "update": seconds - metrics["sample_seconds"], "step": seconds}
-    return model, prompts, step
+    return prompts, step
 
 
 def trl_side(trl, config: TRLConfig, dtype: str, problems, instructions: str, expected: list[list[int]], out_dir: str):
@@ -153,9 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     config = replace(config, prompts=2, group_size=2, max_new_tokens=16, rounds=1) if config.quick else config
     trl, console, started = import_trl(), Console(soft_wrap=True, highlight=False), time.perf_counter()
     register("bench_order", replace=True)(bench_order)  # both sides' reward
-    dtype = cpu_dtype(False) if config.dtype == "auto" and on_cpu("auto") else config.dtype
+    ours, tokenizer, dtype = load_bench_model(config, console)  # LoRA as LORA, B = 0; the tag rows
     problems, instructions = load_problems("gsm8k_train", limit=config.prompts), instructions_named("answer")
-    ours, prompts, our_step = nanopar_side(config, dtype, problems, instructions)
+    prompts, our_step = nanopar_side(config, ours, tokenizer, problems, instructions)
     with tempfile.TemporaryDirectory(prefix="nanopar-trl-") as out_dir:
         theirs, bf16, their_step = trl_side(trl, config, dtype, problems, instructions, prompts, out_dir)
         rounds = []
@@ -164,8 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
             (a, ours_), (b, theirs_) = [peak_rise(lambda: step(n)) for step in (our_step, their_step)]  # taking turns
             rounds.append({"round": n or "warm-up", "nanopar": ours_ | {"peak MB": a / MB},
                            "TRL": theirs_ | {"peak MB": b / MB}, "load": load_average(before)})
-    for model in (ours, theirs):  # each side's update ran: some LoRA B left 0
-        assert any(p.detach().ne(0).any() for name, p in model.named_parameters() if "lora_B" in name)
+    assert all(any(p.ne(0).any() for n, p in m.named_parameters() if "lora_B" in n) for m in (ours, theirs)), "no update"
     best = {"round": f"best of {config.rounds}", "load": "over the rounds above"}  # the fastest, the largest memory
     best |= {side: {k: (max if k == "peak MB" else min)(r[side][k] for r in rounds[1:]) for k in rounds[1][side]}
              for side in ("nanopar", "TRL")}
