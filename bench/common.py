@@ -1,5 +1,5 @@
 """What the benchmarks share: a piece of work's peak resident-memory rise, the load average beside it,
-the closing report, a reward that gives every group a signal, a training batch with a parallel block,
+taking turns in a race, the closing report, a reward that gives every group a signal, a training batch with a parallel block,
 and the real-model preamble (the model as train.py loads it, GSM8K prompts). `from common import
 peak_rise`: a script's folder is on sys.path. Not here: what is measured (each script says)."""
 
@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -29,6 +30,27 @@ def bench_order(text, trace, problem) -> float:
 def load_average(before: float) -> str:
     """The 1-minute load average at a piece of work's start and now: "1.2 -> 1.4"."""
     return f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
+
+
+def race(fns, rounds: int, sync=lambda: None, prepare=lambda i: None, check=None):
+    """Each function's best wall seconds over `rounds` rounds after a warm-up call of each, taking turns (who goes
+    first alternates); `prepare(i)` runs untimed before each call of fns[i], `sync()` around each timed one (a
+    GPU's queue), `check(*warm-up results)` before any timing. -> ([seconds], [warm-up results], what check
+    said, the load average before -> after)"""
+    before, results, best = os.getloadavg()[0], [], [float("inf")] * len(fns)
+    for i, fn in enumerate(fns):
+        prepare(i)
+        results.append(fn())
+    agreed = check(*results) if check else ""
+    for round_ in range(rounds):
+        for i in range(len(fns)) if round_ % 2 == 0 else reversed(range(len(fns))):
+            prepare(i)
+            sync()
+            started = time.perf_counter()
+            fns[i]()
+            sync()
+            best[i] = min(best[i], time.perf_counter() - started)
+    return best, results, agreed, load_average(before)
 
 
 def write_report(report: dict, out: str, console) -> dict:

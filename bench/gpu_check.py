@@ -140,10 +140,9 @@ class Report:
 
     def verdict(self) -> str:
         failed, missing = self.failed(), [c["name"] for c in self.checks if c["ok"] is None]
-        if failed:
-            return f"FAIL: {len(failed)} of {len(self.checks)} checks failed: {'; '.join(failed)}"
-        return f"PASS: {len(self.checks) - len(missing)} checks hold" + (f" ({len(missing)} n/a: {'; '.join(missing)})"
-                                                                         if missing else "")
+        n_a = f" ({len(missing)} n/a: {'; '.join(missing)})" if missing else ""
+        return (f"FAIL: {len(failed)} of {len(self.checks)} checks failed: {'; '.join(failed)}" if failed
+                else f"PASS: {len(self.checks) - len(missing)} checks hold{n_a}")
 
 
 # --- the device: its clock and its memory (nothing to measure on a CPU) ---------------------
@@ -237,13 +236,6 @@ def tags_written(model, policy: Policy, config: CheckConfig, both_reads: bool):
         yield
 
 
-def training_read(model, rollouts, policy: Policy, pad: int):
-    """The layout's training read, as `grpo_update` reads (no gradient). -> (log-probs [N, T-1], the TokenBatch)"""
-    batch = rollout_batch(rollouts, pad, model.device)
-    with torch.no_grad():
-        return trace_logprobs(model, batch, policy)[0], batch
-
-
 def kernels(fn) -> set[str]:
     """The sdpa kernels one call of fn() ran, from the profiler's op names (bench/speed.py's `profile`)."""
     ops = speed.profile(fn, torch.device("cuda" if CUDA else "cpu"))
@@ -287,7 +279,9 @@ class Loaded:
         with tags_written(self.model, self.policy, c, both_reads=True):
             rollouts = sample(self.model, self.prompts(0, c.exact_prompts)[1], self.policy,
                               self.settings(c.exact_tokens, c.exact_tokens // 2), [], 2, lane_cache=lane_cache)
-            read, batch = training_read(self.model, rollouts, self.policy, self.pad)
+            batch = rollout_batch(rollouts, self.pad, self.model.device)
+            with torch.no_grad():  # the layout's training read, as `grpo_update` reads
+                read = trace_logprobs(self.model, batch, self.policy)[0]  # [N, T-1]
         return rollouts, (read - batch.recorded)[batch.target_mask > 0].abs()
 
     def logprobs(self, exact: bool):
@@ -557,8 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     if report.run("pre-flight", lambda: preflight(config))["ok"]:  # a failure here stops the run at once
         for i, name in enumerate(names):
             check_model(name, i == 0, report, config)
-        seconds = report.seconds()
-        budget = config.budget_seconds
+        seconds, budget = report.seconds(), config.budget_seconds
         report.run("run time", lambda: (seconds <= budget, f"{seconds:.0f} s", f"<= {budget:.0f} s", dict(seconds=seconds)))
     report.console.print(report.verdict(), highlight=False)
     return 1 if report.failed() else 0

@@ -26,7 +26,6 @@ import functools
 import importlib.util
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,7 +35,7 @@ from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from rich.console import Console
 from rich.table import Table
 
-from common import block_batch, gsm8k_prompts, load_average, load_bench_model
+from common import block_batch, gsm8k_prompts, load_bench_model, race
 from nanopar import distributed, head
 from nanopar.config import parse_config
 from nanopar.data import load_traces
@@ -112,18 +111,8 @@ class Race:
 
 def timed(contest: Contest, rounds: int) -> Result:
     """A warm-up call of each side, their outputs checked, then `rounds` calls each, taking turns."""
-    before, outputs, sides, best = os.getloadavg()[0], [], (contest.library, contest.plain), [float("inf")] * 2
-    for side, call in enumerate(sides):
-        contest.reset(side)
-        outputs.append(call())
-    agreed = contest.check(*outputs)
-    for round_ in range(rounds):
-        for side in (1, 0) if round_ % 2 else (0, 1):
-            contest.reset(side)
-            started = time.perf_counter()
-            sides[side]()
-            best[side] = min(best[side], time.perf_counter() - started)
-    return Result(tuple(best), agreed, tuple(outputs), load_average(before))
+    best, outputs, agreed, load = race([contest.library, contest.plain], rounds, prepare=contest.reset, check=contest.check)
+    return Result(tuple(best), agreed, tuple(outputs), load)
 
 
 def sizes_for(race: Race, config: RacesConfig) -> dict:

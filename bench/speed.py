@@ -32,7 +32,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import MB, bench_order, block_batch, gsm8k_prompts, load_average, load_bench_model, peak_rise, write_report
+from common import MB, bench_order, block_batch, gsm8k_prompts, load_average, load_bench_model, peak_rise, race, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: nanopar, train.py's presets
 from nanopar.config import parse_config  # noqa: E402
@@ -50,6 +50,7 @@ from nanopar.sampler import SamplerSettings, sample  # noqa: E402
 from nanopar.sft import sft_step  # noqa: E402
 from nanopar.tags import PARALLEL_R1  # noqa: E402
 from nanopar.tiny import bias_logits  # noqa: E402
+from nanopar.trace import acceleration  # noqa: E402
 from train import PRESETS  # noqa: E402
 
 QWEN = PRESETS["qwen"]  # the steps' "after" settings, and the prompts' instructions
@@ -101,20 +102,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def race(fns, rounds: int, device: torch.device):
-    """Best wall seconds of each function over `rounds` rounds after a warm-up call of each, taking turns (who
-    goes first alternates). -> ([seconds], [each one's last result], the load average before -> after)"""
-    before, results, best = os.getloadavg()[0], [fn() for fn in fns], [math.inf] * len(fns)
-    for round_ in range(rounds):
-        for i in range(len(fns)) if round_ % 2 == 0 else reversed(range(len(fns))):
-            synchronize(device)
-            started = time.perf_counter()
-            results[i] = fns[i]()
-            synchronize(device)
-            best[i] = min(best[i], time.perf_counter() - started)
-    return best, results, load_average(before)
-
-
 def show(console, title: str, columns, rows, caption: str = "") -> None:
     """A table: the first column left-aligned, the others right-aligned."""
     table = Table(title=title, caption=caption or None)
@@ -162,13 +149,14 @@ def probes(model, count: int, console) -> list[dict]:
     """TFLOPS of [rows, inner] x [inner, out] repeated 8 times on one weight, per dtype, at the MLP's
     shape (it stays in cache: this machine's best case) and at the head's (too big for a cache)."""
     device, (_, head), found = model.device, dense_layers(model), []
+    sync = lambda: synchronize(device)  # noqa: E731
     shapes = [(rows, model.config.hidden_size, model.config.intermediate_size) for rows in (32, 256, 1024)]
     for rows, inner, out in (shapes + [(32, head.in_features, head.out_features)])[:count]:
         tflops = []
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(rows, inner, device=device, dtype=dtype)  # [rows, inner]
             w = torch.randn(out, inner, device=device, dtype=dtype)  # [out, inner]
-            (seconds,), _, _ = race([lambda: [torch.nn.functional.linear(x, w) for _ in range(8)]], 5, device)
+            (seconds,), _, _, _ = race([lambda: [torch.nn.functional.linear(x, w) for _ in range(8)]], 5, sync)
             tflops.append(2 * rows * inner * out * 8 / seconds / 1e12)
         found.append({"rows": rows, "inner": inner, "out": out, "tflops": tflops})
     show(console, "floor: one weight's matrix product repeated (the MLP's stays in cache), TFLOPS",
@@ -237,6 +225,7 @@ def floor_part(model, tokenizer, config: SpeedConfig, console) -> dict:
     profile table each (bench/gpu_check.py's "floor" group calls it too).
     -> {"probes", "phases": [prefill, evaluation prefill, *decode steps, training micro-batch]}"""
     device, words = model.device, min(len(tokenizer), model.get_input_embeddings().weight.shape[0]) - 16
+    sync = lambda: synchronize(device)  # noqa: E731
     policy = Policy.for_tokenizer(tokenizer, "structured", temperature=1.0)  # the tags as train.py reads them
     run = lambda prompts, n: lambda: sample(model, prompts, policy, SamplerSettings(max_new_tokens=n, max_blocks=0, seed=0), [])
     P, T, E, L, S = (config.prefill_prompts, config.prefill_tokens, config.eval_prompts, config.eval_prompt_tokens,
@@ -261,7 +250,7 @@ def floor_part(model, tokenizer, config: SpeedConfig, console) -> dict:
     for phase in phases:
         model.train(phase.backward)
         floor, flops, weight_bytes = floor_work(model, phase.rows, phase.head_rows, phase.backward)
-        times, _, load = race([c for c in (phase.one, phase.more, floor) if c], phase.rounds or config.rounds, device)
+        times, _, _, load = race([c for c in (phase.one, phase.more, floor) if c], phase.rounds or config.rounds, sync)
         per_step = (times[1] - times[0]) / S if phase.more else 0.0
         seconds, floor_seconds = per_step if phase.step else times[0] - per_step, times[-1]
         work = phase.more if phase.step else phase.one  # what the memory and the profile read
@@ -309,7 +298,7 @@ def sampler_part(model, tokenizer, config: SpeedConfig, console) -> list[dict]:
         prompts = questions[:lanes]
         ours = lambda: sample(model, prompts, plain, SamplerSettings(max_new_tokens=N, seed=0), eos_ids=[])
         theirs = lambda: generate(model, prompts, pad, N, eos)
-        (t_ours, t_theirs), (rollouts, ids), load = race([ours, theirs], config.rounds, model.device)
+        (t_ours, t_theirs), (rollouts, ids), _, load = race([ours, theirs], config.rounds, lambda: synchronize(model.device))
         assert [r.stats.new_tokens for r in rollouts] == [N] * lanes and tuple(ids.shape) == (lanes, N)
         rows.append({"lanes": lanes, "nanopar_tokens": sum(r.stats.new_tokens for r in rollouts),
                      "generate_tokens": ids.numel(), "nanopar_seconds": t_ours, "generate_seconds": t_theirs,
@@ -368,7 +357,7 @@ def fork_part(model, tokenizer, config: SpeedConfig, console) -> list[dict]:
         tokens, critical = sum(r.stats.new_tokens for r in forked), sum(r.stats.critical_path for r in forked)
         rows.append({"lanes": lanes, "forks": sum(r.stats.forks for r in forked), "forked": pair["parallel"],
                      "sequential": pair["sequential"], "speedup": pair["speedup"], "rollout_tokens": tokens,
-                     "critical_path_tokens": critical, "token_acceleration": tokens / critical, "load": load_average(before)})
+                     "critical_path_tokens": critical, "token_acceleration": acceleration(tokens, critical), "load": load_average(before)})
     show(console, f"fork: forked against sequential decoding (eval.py's speedup), one block of {K} paths of {L} tokens, "
          f"{config.fork_tokens} sampled tokens a response", ("lanes", "forked tok/s", "sequential tok/s", "wall-clock speed-up",
                                                             "tokens / critical path", "tokens (forked, sequential)", "load"),
@@ -386,7 +375,8 @@ def rebuild_part(model, tokenizer, config: SpeedConfig, console) -> dict:
     call = lambda cache: lambda: sample(model, prompts, policy, settings, eos, config.rebuild_samples, lane_cache=cache)
     hook = bias_logits(model, {tags.block_open: config.tag_bias, tags.path_close: config.tag_bias})
     try:
-        (lazy_s, plain_s), (lazy, plain), load = race([call(LazyLaneCache), call(LaneCache)], config.rounds, model.device)
+        (lazy_s, plain_s), (lazy, plain), _, load = race([call(LazyLaneCache), call(LaneCache)], config.rounds,
+                                                        lambda: synchronize(model.device))
     finally:
         hook.remove()
     assert [(r.ids, r.logprobs) for r in lazy] == [(r.ids, r.logprobs) for r in plain]  # the same samples
