@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .policy import first_above, plain_draw, policy_scores, sample_categorical
+from .policy import Policy, first_above, plain_draw, policy_scores, sample_categorical
 
 DRAW_IN_PLACE_FROM_VOCAB = 8_192  # `draw` draws in place from this many vocabulary ids; below it, the plain draw
 CDF_BLOCK = 1024  # ids per block of the two-level inverse CDF
@@ -39,6 +39,34 @@ def draw(
     if draws_in_place(temperature, vocab_size or logits.shape[-1], top_k, top_p):
         return draw_in_place(logits, temperature, vocab_size, banned, generator, out)
     return plain_draw(logits, temperature, vocab_size, top_k, top_p, banned, generator)
+
+
+class CallDraw:
+    """The draw of one sampler call: `draw` with the policy's temperature and vocabulary, the call's
+    top-k / top-p, and the float32 [lanes, V'] buffer every in-place draw of the call writes into."""
+
+    def __init__(self, policy: Policy, top_k: int, top_p: float, generator: torch.Generator | None):
+        self.policy, self.top_k, self.top_p, self.generator = policy, top_k, top_p, generator
+        self.kept: torch.Tensor | None = None  # float32 [lanes, V']: `buffer`
+
+    def __call__(self, logits: torch.Tensor, banned: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [N, V], bans [N, V] or None -> (tokens [N], their log-probs [N])"""
+        return draw(logits, self.policy.temperature, self.policy.vocab_size, self.top_k, self.top_p, banned,
+                    self.generator, self.buffer(logits))
+
+    def buffer(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The rows this step's in-place draw writes its scores into: one buffer for the call, doubled
+        when the lanes outgrow it. On a CPU a new [N, V'] tensor each step costs the first touch of its
+        pages, more than the passes that fill it at a real vocabulary, and rows never written cost no
+        memory. None where the plain draw runs, and on a GPU, whose caching allocator reuses the step's
+        tensor for the model's activations."""
+        rows = self.policy.vocab_size or logits.shape[-1]
+        if logits.device.type != "cpu" or not draws_in_place(self.policy.temperature, rows, self.top_k, self.top_p):
+            return None
+        if self.kept is None or self.kept.shape[0] < logits.shape[0]:
+            lanes = max(logits.shape[0], 2 * (0 if self.kept is None else self.kept.shape[0]))
+            self.kept = logits.new_empty(lanes, min(rows, logits.shape[-1]), dtype=torch.float32)
+        return self.kept[: logits.shape[0]]
 
 
 def draws_in_place(temperature: float, rows: int, top_k: int = 0, top_p: float = 1.0) -> bool:

@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from . import NanoparError
 from .kvcache import LaneCache, LazyLaneCache, Piece, join
 from .layout import after_block, build_layout, mask_dtype, path_start, sliding_window
-from .draw_in_place import DRAW_IN_PLACE_FROM_VOCAB, draw, draws_in_place
+from .draw_in_place import DRAW_IN_PLACE_FROM_VOCAB, CallDraw
 from .policy import Policy
 from .tags import MAX_PATHS
 from .trace import Trace, parse_ids, read_tag, trace_stats
@@ -250,17 +250,15 @@ class _Decoder:
         self.dtype = mask_dtype(model)
         self.window = sliding_window(model)  # a sliding window (Gemma-3): masks by layer type
         self.structured = policy.mode == "structured"  # fork and merge; causal decodes plainly
-        self.draw_buffer: torch.Tensor | None = None  # float32 [lanes, V'] every step's draw writes (`scores_buffer`)
+        self.draw = CallDraw(policy, settings.top_k, settings.top_p, generator)  # draw_in_place.py: `draw`, its buffer
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, prompts: list[list[int]], samples_per_prompt: int) -> list[Rollout]:
-        settings, policy = self.settings, self.policy
         logits, banned, lanes = self.prefill(prompts, samples_per_prompt)
         while lanes:
             # the trainer's policy, nothing more: no repetition penalty (NPR's engine puts 1.02 on its step
             # branches; the recorded log-probs must be those GRPO's ratio reads, docs/recipes.md)
-            tokens, logprobs = draw(logits, policy.temperature, policy.vocab_size, settings.top_k, settings.top_p,
-                                    banned, self.generator, self.scores_buffer(logits))
+            tokens, logprobs = self.draw(logits, banned)  # softmax(logits / T), bans, one draw a lane
             drawn, chosen = self.read_back(tokens, logprobs)
             kept: list[tuple[int, _Lane]] = []  # (the cache row it keeps, the lane), for lanes that go on
             merged: list[tuple[Piece, _Lane]] = []  # (its new cache row, the lane), for blocks merged now
@@ -462,21 +460,6 @@ class _Decoder:
         if response.plans >= self.settings.paths:
             return [self.tags.plan_open]
         return [self.tags.plans_close] if response.plans == 0 else []
-
-    def scores_buffer(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """The float32 [N, V'] buffer this step's in-place draw writes its scores into: one for the
-        call, doubled when the lanes outgrow it. On a CPU a new [N, V'] tensor each step costs the
-        first touch of its pages, more than the passes that fill it at a real vocabulary
-        (bench/races.py, draw), and rows never written cost no memory. None where the plain draw runs, and
-        on a GPU, whose caching allocator reuses the step's tensor for the model's activations."""
-        rows = self.policy.vocab_size or logits.shape[-1]
-        if logits.device.type != "cpu" or not draws_in_place(self.policy.temperature, rows, self.settings.top_k,
-                                                              self.settings.top_p):
-            return None
-        if self.draw_buffer is None or self.draw_buffer.shape[0] < logits.shape[0]:
-            lanes = max(logits.shape[0], 2 * (0 if self.draw_buffer is None else self.draw_buffer.shape[0]))
-            self.draw_buffer = logits.new_empty(lanes, min(rows, logits.shape[-1]), dtype=torch.float32)
-        return self.draw_buffer[: logits.shape[0]]
 
     # --- budgets ------------------------------------------------------------------------------
     def ban(self, lane: _Lane) -> int:

@@ -250,7 +250,7 @@ def test_the_kept_draw_buffer_samples_what_new_tensors_sample(monkeypatch):
     """At a real vocabulary (9,000 ids: the in-place draw, two-level inverse CDF) the sampler's draw
     buffer, kept for the call and grown as forks add lanes, gives the tokens and log-probs that a new
     tensor each step gives, bit for bit."""
-    from nanopar import sampler as sampler_module
+    from nanopar.draw_in_place import CallDraw
 
     vocab = 9000
     tags = TagIds(*range(vocab - 6, vocab))
@@ -258,16 +258,16 @@ def test_the_kept_draw_buffer_samples_what_new_tensors_sample(monkeypatch):
     bias_logits(model, {**dict.fromkeys(tags.all(), 4.0), EOS: 1.0})
     policy, settings = Policy(tags), SamplerSettings(max_new_tokens=40, max_path_tokens=10, paths=3, seed=0)
     grown = []
-    kept_buffer = sampler_module._Decoder.scores_buffer
+    kept_buffer = CallDraw.buffer
 
     def watched(self, logits):
         buffer = kept_buffer(self, logits)
         grown.append(buffer.untyped_storage().data_ptr())
         return buffer
 
-    monkeypatch.setattr(sampler_module._Decoder, "scores_buffer", watched)
+    monkeypatch.setattr(CallDraw, "buffer", watched)
     kept = sample(model, PROMPTS, policy, settings, eos_ids=[EOS], samples_per_prompt=2)
-    monkeypatch.setattr(sampler_module._Decoder, "scores_buffer", lambda self, logits: None)
+    monkeypatch.setattr(CallDraw, "buffer", lambda self, logits: None)
     fresh = sample(model, PROMPTS, policy, settings, eos_ids=[EOS], samples_per_prompt=2)
     assert sum(r.stats.forks for r in kept) > 0 and len(set(grown)) > 1  # forks grew the buffer
     assert len(set(grown)) < len(grown) / 4  # and most steps reused it
@@ -350,8 +350,7 @@ class _HostTraffic:
     def __init__(self, monkeypatch, model):
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from nanopar import kvcache
-        from nanopar import sampler as sampler_module
+        from nanopar import draw_in_place, kvcache
 
         self.decoding, self.steps, self.rebuilds, self.to_device, self.to_host = False, 0, 0, 0, 0
         counts = self
@@ -365,7 +364,7 @@ class _HostTraffic:
                 return func(*args, **(kwargs or {}))
 
         self.mode = Mode()
-        draw, tolist, rebuild = sampler_module.draw, torch.Tensor.tolist, kvcache.LaneCache.rebuild
+        draw, tolist, rebuild = draw_in_place.draw, torch.Tensor.tolist, kvcache.LaneCache.rebuild
 
         def counted_draw(*args, **kwargs):
             counts.decoding = True
@@ -379,7 +378,7 @@ class _HostTraffic:
             counts.rebuilds += counts.decoding
             return rebuild(cache, keep, extra)
 
-        monkeypatch.setattr(sampler_module, "draw", counted_draw)
+        monkeypatch.setattr(draw_in_place, "draw", counted_draw)
         monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
         monkeypatch.setattr(kvcache.LaneCache, "rebuild", counted_rebuild)
         model.register_forward_pre_hook(lambda module, args, kwargs: setattr(self, "steps", self.steps + self.decoding),
