@@ -236,6 +236,13 @@ def tags_written(model, policy: Policy, config: CheckConfig, both_reads: bool):
         yield
 
 
+def training_read(model, rollouts, policy: Policy, pad: int):
+    """The layout's training read, as `grpo_update` reads (no gradient). -> (log-probs [N, T-1], the TokenBatch)"""
+    batch = rollout_batch(rollouts, pad, model.device)
+    with torch.no_grad():
+        return trace_logprobs(model, batch, policy)[0], batch
+
+
 def kernels(fn) -> set[str]:
     """The sdpa kernels one call of fn() ran, from the profiler's op names (bench/speed.py's `profile`)."""
     ops = speed.profile(fn, torch.device("cuda" if CUDA else "cpu"))
@@ -279,9 +286,7 @@ class Loaded:
         with tags_written(self.model, self.policy, c, both_reads=True):
             rollouts = sample(self.model, self.prompts(0, c.exact_prompts)[1], self.policy,
                               self.settings(c.exact_tokens, c.exact_tokens // 2), [], 2, lane_cache=lane_cache)
-            batch = rollout_batch(rollouts, self.pad, self.model.device)
-            with torch.no_grad():  # the layout's training read, as `grpo_update` reads
-                read = trace_logprobs(self.model, batch, self.policy)[0]  # [N, T-1]
+            read, batch = training_read(self.model, rollouts, self.policy, self.pad)
         return rollouts, (read - batch.recorded)[batch.target_mask > 0].abs()
 
     def logprobs(self, exact: bool):
