@@ -510,9 +510,10 @@ def test_where_the_block_goes_in_the_results_prose_is_what_its_table_says():
                     for stage in ("sft", "rl-easy", "rl-hard")]
 
 
-def test_the_docs_give_the_logits_chunk_the_library_uses():
+def test_the_docs_give_the_logits_chunk_the_library_uses(monkeypatch):
     """Every "N positions" of the docs is the chunked head's default on Qwen's vocabulary (with
     the six tags), as bench/memory.py computes it from nanopar.head.CHUNK_BYTES."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as `python bench/memory.py` has it: its helpers beside it
     spec = importlib.util.spec_from_file_location("memory_docs", ROOT / "bench" / "memory.py")
     plan = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (dataclasses look their module up)
     spec.loader.exec_module(plan)
