@@ -2,7 +2,7 @@
 
     python bench/memory.py                      # the plan for every model, and the flags that fit 12 and 24 GiB
     python bench/memory.py --model qwen3-0.6b --prompts 4 --micro-batch 4
-    python bench/memory.py --measure            # measure the coefficients on this CPU (minutes a model), then the plan
+    python bench/memory.py --measure            # measure the coefficients on this CPU (long), then the plan
     from memory import predict                  # with bench/ on sys.path: bytes of each component
 
 The plan: the peak of each half of a GRPO step (4-bit NF4 + LoRA + the six tag rows), linear in the depth, the rows
