@@ -76,3 +76,20 @@ def test_the_plan_prints_the_documented_figures(capsys):
     out = capsys.readouterr().out
     assert "SAMPLING PEAK" in out and " 6.36" in out and " 8.88" in out  # docs/gpu.md's Qwen2.5-1.5B peaks
     assert "--prompts-per-step 8 --micro-batch 2 (or --micro-batch-tokens 2736)" in out
+
+
+@pytest.mark.slow
+def test_the_measurement_runs_on_a_micro_qwen_and_counts_the_lora_by_hand(monkeypatch):
+    """--measure's every phase on a Qwen2 of hidden 64 and a 1,024-id vocabulary (seconds, not the hour of
+    the real shapes): every coefficient the plan reads comes out, LoRA r4 and the tag rows are the bytes a
+    hand count gives, the KV cache the formula's."""
+    monkeypatch.setattr(memory, "VOCAB", 1024)
+    monkeypatch.setitem(memory.MODELS, "micro", ("qwen2", 64, 24, 4, 2, 16, 128, 900))
+    monkeypatch.setattr(memory, "CHUNKS", (8, 16))
+    c = memory.measure_model("micro", 64, 8, 4)
+    assert sorted(c) == sorted(STORED["models"]["qwen2.5-0.5b"])
+    projections = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # q k v o gate up down
+    assert c["lora"] == {"fixed": 6 * 64 * 4, "per_layer": sum(4 * (n_in + n_out) * 4 for n_in, n_out in projections)}
+    assert c["adam"] == {k: 2 * v for k, v in c["lora"].items()}
+    assert abs(c["kv_per_token_layer"] - 2 * 2 * 16 * 2) <= 0.05 * 128  # K and V x kv heads x head_dim x bf16 bytes
+    assert memory.predict("micro", coefficients=c)["sampling_peak"] > c["weights"]["fixed"]
