@@ -442,3 +442,21 @@ def test_decode_steps_read_each_kv_head_once(arch, mode, monkeypatch):
     assert repeats and not any(repeats)  # the prefill repeats (prompts of several tokens); no decode step does
     assert len(kernels) >= 20 and all(k == v == kv_heads for k, v, _ in kernels)
     assert sum(mask is not None for _, _, mask in kernels) >= 20  # the premise: masked steps
+
+
+@pytest.mark.parametrize("vocab, kind", [(V, "LaneCache"), (9000, "LazyLaneCache")])
+def test_the_lane_cache_follows_the_vocabulary(vocab, kind, monkeypatch):
+    """Under the draw's threshold (the toy, tiny models) a call runs the plain LaneCache, whose rebuild
+    copies where a reader looks; from it (a real vocabulary) the lazy one."""
+    from nanopar import kvcache
+
+    made, init = [], kvcache.LaneCache.__init__
+
+    def watched(self, *args, **kwargs):
+        made.append(type(self).__name__)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(kvcache.LaneCache, "__init__", watched)
+    model = tiny_qwen_model(vocab_size=vocab, seed=0)
+    sample(model, PROMPTS, Policy(TagIds(*range(vocab - 6, vocab))), SamplerSettings(max_new_tokens=4), eos_ids=[])
+    assert made == [kind]
