@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import export
-from conftest import offline_qwen_tokenizer, perturb_trainable
+from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder, perturb_trainable
 from nanopar import NanoparError
 from nanopar.checkpoint import save_checkpoint
 from nanopar.export_check import agreement, llama_cpp_greedy, logit_gap, sampler_greedy, transformers_greedy
@@ -169,19 +169,49 @@ def test_a_failed_write_leaves_the_old_export_whole(toy, tmp_path, monkeypatch):
 # ---------------------------------------------------------------- GGUF: a tiny Qwen2 with the real Qwen tokenizer
 
 
+def small_qwen_tokenizer(folder: Path, size: int = 4096):
+    """Qwen's byte-level BPE cut to its first `size` ids (the 256 bytes, then merge r's result is
+    id 256 + r), its special tokens after them: Qwen's pre-tokenizer and chat template, and a GGUF
+    header that transformers' reader parses in a second, not the full vocabulary's half minute."""
+    source = Path(offline_qwen_tokenizer_folder())
+    data = json.loads((source / "tokenizer.json").read_text())
+    data["model"]["vocab"] = {token: i for token, i in data["model"]["vocab"].items() if i < size}
+    data["model"]["merges"] = data["model"]["merges"][: size - 256]
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    new_ids = {str(added["id"]): str(size + j) for j, added in enumerate(data["added_tokens"])}
+    for added in data["added_tokens"]:
+        added["id"] = int(new_ids[str(added["id"])])
+    config["added_tokens_decoder"] = {new_ids[i]: added for i, added in config["added_tokens_decoder"].items()}
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_the_small_qwen_tokenizer_reads_as_qwens(tmp_path):
+    """The cut tokenizer splits text as the full one wherever the full one's pieces are in it."""
+    full, small = offline_qwen_tokenizer(), small_qwen_tokenizer(tmp_path / "small")
+    text = "In all, 12 + 30 is 42.\nThe one, and the other: as many as he had"
+    pieces = full.encode(text)
+    assert max(pieces) < 4096 and small.encode(text) == pieces
+    chat = [{"role": "user", "content": "2 + 2?"}]
+    assert small.decode(small.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)) == \
+        full.decode(full.apply_chat_template(chat, add_generation_prompt=True, return_dict=False))
+
+
 @pytest.fixture(scope="module")
 def qwen_vocab_export(tmp_path_factory):
-    """A tiny Qwen2 (d = 64, untied head) under the real Qwen tokenizer, a moved adapter, exported
-    with a float32 GGUF and a q8_0 one."""
+    """A tiny Qwen2 (d = 64, untied head) under Qwen's tokenizer (its first 4,096 ids), a moved
+    adapter, exported with a float32 GGUF and a q8_0 one."""
     where = tmp_path_factory.mktemp("qwen_vocab")
-    tokenizer = offline_qwen_tokenizer()
+    tokenizer = small_qwen_tokenizer(where / "tokenizer")
     model = tiny_qwen_model(arch="qwen2", vocab_size=len(tokenizer), hidden_size=64, tie_word_embeddings=False, seed=3)
     model.save_pretrained(where / "base")
     tokenizer.save_pretrained(where / "base")
     checkpoint = trained_checkpoint(where / "final", str(where / "base"), seed=1)
     export.main(["--checkpoint", str(checkpoint), "--out", str(where / "out"), "--gguf", "f32"])
     write_gguf(where / "out", where / "out" / "model.q8_0.gguf", "q8_0", PARALLEL_R1.all())
-    return checkpoint, where / "out", tokenizer
+    return checkpoint, where / "out", AutoTokenizer.from_pretrained(where / "out")  # the tags in it
 
 
 @pytest.mark.slow
@@ -230,6 +260,27 @@ def test_llama_cpp_runs_the_gguf_as_the_sampler(qwen_vocab_export):
         close = (top2[:, 0] - top2[:, 1] < 1e-3).nonzero()
         exact = int(close[0]) if len(close) else len(mine)
         assert agreement(mine, theirs) >= min(exact, len(mine)) and exact >= 8, (mine, theirs, exact)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None,
+                    reason="llama.cpp's check needs the optional extra: pip install xllamacpp==2026.10.11549")
+def test_llama_cpp_reads_and_prints_the_tags_as_text(qwen_vocab_export):
+    """The tags are user-defined tokens: llama.cpp reads "<Parallel>" in a text prompt as the one
+    token transformers reads, and prints it when it writes it (a control token would print "")."""
+    import xllamacpp
+
+    _, out, tokenizer = qwen_vocab_export
+    params = xllamacpp.CommonParams()
+    params.model.path = str(out / "model.f32.gguf")
+    params.n_ctx = 64
+    server = xllamacpp.Server(params)
+    prompt = "12 + 30 <Parallel><Path> 42"
+    parallel = tokenizer.convert_tokens_to_ids("<Parallel>")
+    reply = server.handle_completions({"prompt": prompt, "max_tokens": 2, "temperature": 0.0, "logprobs": 1,
+                                       "logit_bias": [[parallel, 100.0]], "cache_prompt": False})
+    assert reply["usage"]["prompt_tokens"] == len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert [step["id"] for step in reply["choices"][0]["logprobs"]["content"]] == [parallel, parallel]
+    assert reply["choices"][0]["text"] == "<Parallel><Parallel>"
 
 
 def test_the_gguf_check_compares_tokens_through_transformers(qwen_vocab_export):
