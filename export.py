@@ -28,7 +28,7 @@ from nanopar import NanoparError, distributed
 from nanopar.config import parse_config
 from nanopar.data import load_problems, write_json
 from nanopar.gguf_writer import KINDS, gguf_bytes, write_gguf
-from nanopar.merge import base_of, check_checkpoint, merged_model
+from nanopar.merge import RUN_CONFIG, base_of, check_checkpoint, merged_model, run_config
 from nanopar.model import DTYPES
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> Path:
     try:
         model.save_pretrained(temporary)
         tokenizer.save_pretrained(temporary)
+        if (Path(config.checkpoint) / RUN_CONFIG).is_file():  # the run's tags, mode and prompt: nanopar's
+            shutil.copy(Path(config.checkpoint) / RUN_CONFIG, temporary)  # sample.py / eval.py run it as trained
         write_json(temporary / "nanopar_export.json", asdict(config) | {"base": base_of(Path(config.checkpoint)),
                                                                          "dtype_written": dtype}, indent=2)
         if config.gguf:
@@ -123,13 +125,12 @@ def _tags(checkpoint: str) -> tuple[str, ...]:
 def _check_table(config: ExportConfig, out: Path) -> Table:
     """How many greedy tokens each engine shares with nanopar's sampler on the checkpoint, per problem."""
     import importlib.util
-    import json
 
     from transformers import AutoTokenizer
 
     from nanopar.export_check import agreement, check_prompts, llama_cpp_greedy, sampler_greedy, transformers_greedy
 
-    spec = config.check_problems or json.loads((Path(config.checkpoint) / "run_config.json").read_text()).get("easy_data", "gsm8k")
+    spec = config.check_problems or run_config(Path(config.checkpoint)).get("easy_data", "gsm8k")
     tokenizer = AutoTokenizer.from_pretrained(out)
     prompts = check_prompts(config.checkpoint, tokenizer, load_problems(spec, limit=config.check_count))
     reference = sampler_greedy(config.checkpoint, prompts, config.check_tokens)

@@ -17,6 +17,7 @@ Then the support files, when a question leads there:
     the chunked read; the draw in fewer passes
   sft.py, optim.py   cold-start / self-distillation fine-tuning on traces; AdamW, its schedule, float16's loss scaler
   data.py, prompts.py, model.py (tag_rows.py, lora_dtype.py), wheels.py, tiny.py   what a run reads and loads
+  merge.py, gguf_writer.py, export_check.py   a checkpoint as one plain model, as a GGUF, checked
   checkpoint.py, metrics.py, config.py, defaults.py   checkpoints, the log, flags, `resolve`
   curriculum.py (distill.py), runner.py (stage_steps.py, out_of_memory.py), dynamic_sampling.py, pass_rate.py,
     run_folder.py (trial.py), run_inputs.py, heldout.py, results.py   the run
@@ -24,7 +25,7 @@ Then the support files, when a question leads there:
   rollouts.py, evaluation.py, variance.py, eval_report.py, show.py   sampling + grading + summaries; trees, tables
   toy/         the toy world: the task (task.py), its teachers, its model and data (source.py)
   benchmarks/  the shipped data sets
-And outside the library: train.py, ablations.py, sample.py, eval.py; bench/, tests/, docs/.
+And outside the library: train.py, ablations.py, sample.py, eval.py, export.py; bench/, tests/, docs/.
 """
 
 __version__ = "0.1.0"

@@ -46,6 +46,12 @@ def check_checkpoint(folder: str | Path) -> Path:
     return folder
 
 
+def run_config(folder: Path) -> dict:
+    """The checkpoint's run_config.json ({} for an adapter saved without one)."""
+    path = Path(folder) / RUN_CONFIG
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def base_of(folder: Path) -> str:
     """The name of the model a checkpoint's adapter was trained over ("" for a full model)."""
     if not (folder / ADAPTER_CONFIG).is_file():
@@ -76,7 +82,7 @@ def merged_model(folder: str | Path, dtype: torch.dtype | None = None):
     folder = check_checkpoint(folder)
     trained = trained_with(str(folder))
     schema = schema_named(trained.get("schema", "parallel-r1"))
-    four_bit = json.loads((folder / RUN_CONFIG).read_text()).get("load_in_4bit", False) if (folder / RUN_CONFIG).is_file() else False
+    four_bit = run_config(folder).get("load_in_4bit", False)
     base = base_of(folder)
     if base and not is_built(base):
         _base_found(folder, base)  # before anything loads: one line naming the checkpoint

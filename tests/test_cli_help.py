@@ -14,6 +14,7 @@ from unittest import mock
 import pytest
 
 import eval as eval_script
+import export
 import sample
 import train
 from nanopar.config import parse_config
@@ -21,6 +22,7 @@ from test_docs import all_commands
 
 SCRIPTS = {"train.py": (train, train.TrainConfig), "eval.py": (eval_script, eval_script.EvalConfig),
            "sample.py": (sample, sample.SampleConfig)}
+CONFIGS = {name: config for name, (_, config) in SCRIPTS.items()} | {"export.py": export.ExportConfig}
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +97,17 @@ def test_help_all_lists_every_flag_once_under_a_heading(name):
         assert where["--model"] == "what to evaluate"  # a field a config redefines: its own heading
 
 
+def test_export_help_is_one_screen_of_every_flag():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), mock.patch.object(sys, "argv", ["export.py"]), pytest.raises(SystemExit):
+        export.main(["--help"])
+    lines = out.getvalue().splitlines()
+    shown = [line.split()[0] for line in lines if line.startswith("  --")]
+    assert len(lines) <= 30 and max(map(len, lines)) <= 80
+    assert {"--checkpoint", "--out", "--gguf", "--dtype", "--replace", "--check"} <= set(shown)
+    assert lines[-1] == f"{len(dataclasses.fields(export.ExportConfig))} flags in full: export.py --help-all"
+
+
 def test_a_flag_only_help_all_lists_still_parses():
     shown = printed_help("train.py", "--help")
     assert "--kl-beta" not in shown and "--no-chat" not in shown and "--clip-high" not in shown
@@ -129,11 +142,12 @@ def given_values(config_class, argv: list[str]) -> dict[str, object]:
 
 
 def test_every_flag_a_documented_command_gives_parses_to_the_value_it_gives():
-    commands = [(doc, script, argv) for doc, script, argv in all_commands() if script in SCRIPTS]
+    commands = [(doc, script, argv) for doc, script, argv in all_commands() if script in CONFIGS]
     assert sum(doc == "README.md" for doc, _, _ in commands) >= 10  # the premise: the README's commands are found
+    assert any(script == "export.py" for _, script, _ in commands)
     checked = set()
     for doc, script, argv in commands:
-        config_class = SCRIPTS[script][1]
+        config_class = CONFIGS[script]
         config = parse_config(config_class, argv)
         for name, value in given_values(config_class, argv).items():
             assert getattr(config, name) == value, f"{doc}: {script} {' '.join(argv)}: {name}"

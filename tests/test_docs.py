@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import eval as eval_script
+import export as export_script
 import sample as sample_script
 import train as train_script
 from ablations import alternating_spec
@@ -148,7 +149,7 @@ EVERYDAY = {"CPU", "CPUs", "GPU", "GPUs", "GB", "GiB", "MiB", "MIT", "PyPI", "JS
 # the core of the reading order: the path of one GRPO step, and the most lines it may take
 CORE = ["tags.py", "trace.py", "layout.py", "policy.py", "kvcache.py", "sampler.py", "forward.py", "grpo.py", "rewards.py"]
 CORE_LINES = 3000
-SCRIPTS = {"train.py": train_script, "eval.py": eval_script, "sample.py": sample_script}
+SCRIPTS = {"train.py": train_script, "eval.py": eval_script, "sample.py": sample_script, "export.py": export_script}
 
 
 def prose(text: str) -> str:
@@ -317,6 +318,8 @@ def resolved(script: str, argv: list[str]):
         stages = recipe(config)
         select(stages, config.stages)  # an unknown stage name fails here, as in open_run
         return config, stages
+    if script == "export.py":  # its checks need the checkpoint on disk: the flags alone here
+        return parse_config(export_script.ExportConfig, argv), None
     kind = eval_script.EvalConfig if script == "eval.py" else sample_script.SampleConfig
     config = parse_config(kind, argv, real_defaults=real_defaults())
     if not (getattr(config, "compare", ()) or getattr(config, "rescore", "")):  # eval.py reads files and exits
@@ -376,7 +379,7 @@ def test_an_evaluation_of_a_trained_stage_reads_it_with_the_prompt_it_was_traine
     saves one, the command resolves to the stage's prompt and attention mode."""
     written, checked = stage_folders(), 0
     for doc, script, argv in all_commands():
-        if script == "train.py":
+        if script in ("train.py", "export.py"):
             continue
         given = parse_config(eval_script.EvalConfig if script == "eval.py" else sample_script.SampleConfig, argv)
         match = re.fullmatch(STAGE_PATH, given.model)  # eval.py's default model is the toy run's last stage

@@ -18,11 +18,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import export
 from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder, perturb_trainable
 from nanopar import NanoparError
-from nanopar.checkpoint import save_checkpoint
+from nanopar.checkpoint import save_checkpoint, trained_with
 from nanopar.export_check import agreement, llama_cpp_greedy, logit_gap, sampler_greedy, transformers_greedy
 from nanopar.gguf_writer import write_gguf
 from nanopar.merge import merged_model
 from nanopar.model import ModelSettings, load_model
+from nanopar.policy import Policy
+from nanopar.prompts import stop_ids
+from nanopar.sampler import SamplerSettings, sample
 from nanopar.tags import PARALLEL_R1
 from nanopar.tiny import tiny_qwen_model
 
@@ -101,6 +104,21 @@ print(json.dumps({{"tokens": out, "special": special, "template": tokenizer.chat
         assert len(mine) >= 10 and theirs[:len(mine)] == mine
     parallel = tokenizer.convert_tokens_to_ids("<Parallel>")
     assert any(parallel in tokens for tokens in reference)  # the blocks are written as text, as trained
+
+
+def test_nanopar_runs_the_folder_as_it_ran_the_checkpoint(toy):
+    """The folder keeps the run's config: nanopar's structured sampler (it forks at <Parallel>)
+    writes on it the very tokens it writes on the checkpoint."""
+    checkpoint, exported = toy
+    settings = SamplerSettings(max_new_tokens=60, seed=0)
+    tokens = []
+    for model_name in (checkpoint, exported):
+        assert trained_with(str(model_name))["schema"] == "parallel-r1"
+        model, tokenizer = load_model(ModelSettings(str(model_name)))
+        policy = Policy.for_tokenizer(tokenizer, "structured", 0.0)
+        prompts = prompts_of(tokenizer, ["3 + 4 = ? in parallel", "12 - 5 = ?"])
+        tokens.append([r.ids for r in sample(model, prompts, policy, settings, stop_ids(model, tokenizer))])
+    assert tokens[0] == tokens[1] and any(tokenizer.convert_tokens_to_ids("<Parallel>") in t for t in tokens[0])
 
 
 def test_a_4bit_run_exports_the_weights_it_trained_against(tmp_path):
