@@ -121,6 +121,23 @@ def test_nanopar_runs_the_folder_as_it_ran_the_checkpoint(toy):
     assert tokens[0] == tokens[1] and any(tokenizer.convert_tokens_to_ids("<Parallel>") in t for t in tokens[0])
 
 
+def test_a_full_model_exports_as_it_is_with_its_own_tags(tmp_path):
+    """The toy's shipped NPR base (a full model and its run's config, a pretrain stage's final/):
+    the folder's logits are the checkpoint's, bit for bit, over its real vocabulary; NPR's tags
+    are its special tokens and the run's config rides along."""
+    from nanopar.tags import NPR
+
+    shipped = Path(__file__).resolve().parent.parent / "nanopar" / "toy" / "bases" / "npr"
+    export.main(["--checkpoint", str(shipped), "--out", str(tmp_path / "npr")])
+    model, tokenizer = load_model(ModelSettings(str(shipped)), NPR)
+    folder = AutoModelForCausalLM.from_pretrained(tmp_path / "npr", dtype=torch.float32).eval()
+    assert folder.config.vocab_size == len(tokenizer) < model.config.vocab_size  # the padding rows cut
+    prompt = prompts_of(tokenizer, ["5 5 4 to 100 <guideline><plan>1: try"])[0]
+    assert logit_gap(model, folder, prompt) == 0.0
+    special = {t.content for t in AutoTokenizer.from_pretrained(tmp_path / "npr").added_tokens_decoder.values() if t.special}
+    assert set(NPR.all()) <= special and trained_with(str(tmp_path / "npr"))["schema"] == "npr"
+
+
 def test_a_4bit_run_exports_the_weights_it_trained_against(tmp_path):
     """A checkpoint trained over an NF4 base: the merged folder's logits are the 4-bit PEFT model's
     (de-quantised first), further from a merge into the original float32 base than that."""
@@ -228,32 +245,35 @@ def qwen_vocab_export(tmp_path_factory):
     tokenizer.save_pretrained(where / "base")
     checkpoint = trained_checkpoint(where / "final", str(where / "base"), seed=1)
     export.main(["--checkpoint", str(checkpoint), "--out", str(where / "out"), "--gguf", "f32"])
-    write_gguf(where / "out", where / "out" / "model.q8_0.gguf", "q8_0", PARALLEL_R1.all())
+    for kind in ("f16", "bf16", "q8_0"):
+        write_gguf(where / "out", where / "out" / f"model.{kind}.gguf", kind, PARALLEL_R1.all())
     return checkpoint, where / "out", AutoTokenizer.from_pretrained(where / "out")  # the tags in it
 
 
 @pytest.mark.slow
 def test_the_gguf_reads_back_with_the_folders_logits_and_vocabulary(qwen_vocab_export):
-    """transformers' GGUF reader gives back the folder's logits: exactly from f32, and from q8_0
-    those of the folder with every matrix rounded to q8_0's blocks (32 values, one scale: rounded
-    here by gguf's own quantize and dequantize), so no weight went to the wrong place; and a
-    tokenizer that writes the tags as single tokens."""
+    """transformers' GGUF reader gives back the folder's logits: exactly from f32, and from f16,
+    bf16 and q8_0 those of the folder with every matrix rounded to that kind (q8_0: blocks of 32
+    values, one scale, rounded here by gguf's own quantize and dequantize), so no weight went to
+    the wrong place; and a tokenizer that writes the tags as single tokens."""
     import gguf
 
     _, out, _ = qwen_vocab_export
     folder = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    rounded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     q8 = gguf.GGMLQuantizationType.Q8_0
-    with torch.no_grad():
-        for weight in rounded.parameters():
-            if weight.dim() == 2:
-                weight.copy_(torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(weight.numpy(), q8), q8)))
+    rounding = {"f32": lambda w: w, "f16": lambda w: w.half().float(), "bf16": lambda w: w.bfloat16().float(),
+                "q8_0": lambda w: torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), q8), q8))}
     tokenizer = AutoTokenizer.from_pretrained(out)
     prompt = tokenizer.encode("Natalia sold 48 clips. <Parallel><Path> half is 24</Path>", add_special_tokens=False)
-    read = {kind: AutoModelForCausalLM.from_pretrained(out, gguf_file=f"model.{kind}.gguf", dtype=torch.float32).eval()
-            for kind in ("f32", "q8_0")}
-    assert logit_gap(folder, read["f32"], prompt) == 0.0
-    assert logit_gap(rounded, read["q8_0"], prompt) < 1e-6 < logit_gap(folder, read["q8_0"], prompt)
+    for kind, rounded in rounding.items():
+        expected = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+        with torch.no_grad():
+            for weight in expected.parameters():
+                if weight.dim() == 2:  # matrices in the kind, vectors in float32
+                    weight.copy_(rounded(weight))
+        read = AutoModelForCausalLM.from_pretrained(out, gguf_file=f"model.{kind}.gguf", dtype=torch.float32).eval()
+        assert logit_gap(expected, read, prompt) < 1e-6, kind
+        assert (logit_gap(folder, read, prompt) > 1e-6) == (kind != "f32"), kind  # the rounding shows
     read_tokenizer = AutoTokenizer.from_pretrained(out, gguf_file="model.f32.gguf")
     assert read_tokenizer.encode("x <Parallel> y", add_special_tokens=False) == tokenizer.encode("x <Parallel> y", add_special_tokens=False)
 
