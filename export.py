@@ -4,8 +4,8 @@
     python export.py --checkpoint runs/qwen/1-sft/final --out qwen-sft --gguf q8_0 --check
 
 The folder (nanopar/merge.py: the LoRA adapter merged, the tag rows written in, the tags as added
-special tokens, the chat template kept) loads with `AutoModelForCausalLM.from_pretrained` and
-vLLM, no nanopar needed. `--gguf KIND` also writes `model.KIND.gguf` in it for llama.cpp and
+special tokens, the chat template kept) loads with `AutoModelForCausalLM.from_pretrained`, no
+nanopar needed: an ordinary model folder, as vLLM serves them. `--gguf KIND` also writes `model.KIND.gguf` in it for llama.cpp and
 Ollama (nanopar/gguf_writer.py: Qwen2 and Qwen3). `--check` then runs each against nanopar's
 sampler on the checkpoint (nanopar/export_check.py). What a structured (NPR) model becomes in
 an engine that does not fork: docs/export.md.
