@@ -25,11 +25,13 @@ from rich.console import Console
 from rich.table import Table
 
 from nanopar import NanoparError, distributed
+from nanopar.checkpoint import move_into_place, trained_with
 from nanopar.config import parse_config
 from nanopar.data import load_problems, write_json
 from nanopar.gguf_writer import KINDS, gguf_bytes, write_gguf
 from nanopar.merge import RUN_CONFIG, base_of, check_checkpoint, merged_model, run_config
 from nanopar.model import DTYPES
+from nanopar.tags import schema_named
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -78,13 +80,7 @@ def main(argv: list[str] | None = None) -> Path:
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)  # nothing half-written is left that looks done
         raise
-    if out.exists():  # --replace: move the old one aside first, so one complete folder always exists
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(temporary, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(temporary, out)
+    move_into_place(temporary, out)  # --replace: the old folder stays whole until the new one is
     seconds = time.perf_counter() - start
     sizes = ", ".join(f"{f.name} {f.stat().st_size / 2**20:,.0f} MiB" for f in sorted(out.iterdir()) if f.stat().st_size > 2**20)
     console.print(f"exported {config.checkpoint} -> {out} ({dtype}, {parameters:,} weights) in {seconds:.1f} s: {sizes}")
@@ -116,9 +112,6 @@ def _check_flags(config: ExportConfig) -> Path:
 
 def _tags(checkpoint: str) -> tuple[str, ...]:
     """The tags of the schema the checkpoint was trained in."""
-    from nanopar.checkpoint import trained_with
-    from nanopar.tags import schema_named
-
     return schema_named(trained_with(checkpoint).get("schema", "parallel-r1")).all()
 
 

@@ -53,14 +53,20 @@ def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, schedu
         temporary / STATE,
     )
     (temporary / "run_config.json").write_text(json.dumps(config or {}, indent=2) + "\n")
-    if folder.exists():  # replace: move the old one aside first, so one complete copy always exists
+    move_into_place(temporary, folder)
+    return folder
+
+
+def move_into_place(temporary: Path, folder: Path) -> None:
+    """Rename the complete folder `temporary` to `folder`. An older `folder` is moved aside first
+    and removed last, so one complete copy exists at every moment."""
+    if folder.exists():
         old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
         os.replace(folder, old)
         os.replace(temporary, folder)
         shutil.rmtree(old)
     else:
         os.replace(temporary, folder)
-    return folder
 
 
 def trained_with(model: str) -> dict:
