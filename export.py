@@ -41,13 +41,13 @@ class ExportConfig:
     """export.py's flags."""
 
     # what to export
-    checkpoint: str = ""  # [basic] a stage's final/ or checkpoint-N/ folder, LoRA or full, 4-bit or not (required)
-    out: str = ""  # [basic] the model folder to write (required; refused if it exists, unless --replace)
-    dtype: str = "auto"  # [basic] float32 / bfloat16 / float16 of the folder; auto = as the base's weights came
-    gguf: str = ""  # [basic] also write <out>/model.<kind>.gguf, kind f32 / f16 / bf16 / q8_0 ("" = none)
+    checkpoint: str = ""  # [basic] a stage's final/ or checkpoint-N/ (required): LoRA or full, 4-bit or not
+    out: str = ""  # [basic] the folder to write (required); refused if it exists, unless --replace
+    dtype: str = "auto"  # [basic] auto (as the base came) / float32 / bfloat16 / float16: the folder's weights
+    gguf: str = ""  # [basic] f32 / f16 / bf16 / q8_0: also write <out>/model.<kind>.gguf ("" = none)
     replace: bool = False  # [basic] replace an existing --out folder
     # checking it
-    check: bool = False  # [basic] greedy tokens of the folder (and the GGUF) against nanopar's sampler on the checkpoint
+    check: bool = False  # [basic] compare greedy tokens: the folder (and the GGUF) against nanopar's sampler on the checkpoint
     check_problems: str = ""  # problems --check prompts with ("" = the run's own RL data, its --easy-data)
     check_count: int = 2  # how many of them
     check_tokens: int = 64  # greedy tokens per problem
