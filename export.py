@@ -25,16 +25,12 @@ from rich.console import Console
 from rich.table import Table
 
 from nanopar import NanoparError, distributed
-from nanopar.checkpoint import move_into_place, trained_with
+from nanopar.checkpoint import RUN_CONFIG, move_into_place, run_config, trained_schema
 from nanopar.config import parse_config
 from nanopar.data import load_problems, write_json
 from nanopar.gguf_writer import KINDS, gguf_bytes, write_gguf
-from nanopar.merge import RUN_CONFIG, base_of, check_checkpoint, merged_model, run_config
+from nanopar.merge import base_of, check_checkpoint, merged_model
 from nanopar.model import DTYPES
-from nanopar.tags import schema_named
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 @dataclass
 class ExportConfig:
@@ -58,25 +54,13 @@ def main(argv: list[str] | None = None) -> Path:
     config = parse_config(ExportConfig, argv, description=__doc__.split("\n")[0])
     out = _check_flags(config)
     console, start = Console(), time.perf_counter()
-    model, tokenizer = merged_model(config.checkpoint, None if config.dtype == "auto" else DTYPES[config.dtype])
-    dtype = str(model.dtype).removeprefix("torch.")
-    parameters = sum(p.numel() for p in model.parameters())
-    need = parameters * DTYPE_BYTES[dtype] + (gguf_bytes(parameters, config.gguf) if config.gguf else 0)
-    free = shutil.disk_usage(out.parent).free
-    if need * 1.05 > free:  # checked before anything is written; 5% for the tokenizer and headers
-        raise NanoparError(f"not enough disk for the export: about {need / 2**30:.1f} GiB needed in {out.parent}, "
-                           f"{free / 2**30:.1f} GiB free")
     temporary = out.with_name(f".{out.name}.incomplete-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
-        model.save_pretrained(temporary)
-        tokenizer.save_pretrained(temporary)
-        if (Path(config.checkpoint) / RUN_CONFIG).is_file():  # the run's tags, mode and prompt: nanopar's
-            shutil.copy(Path(config.checkpoint) / RUN_CONFIG, temporary)  # sample.py / eval.py run it as trained
-        write_json(temporary / "nanopar_export.json", asdict(config) | {"base": base_of(Path(config.checkpoint)),
-                                                                         "dtype_written": dtype}, indent=2)
-        if config.gguf:
-            write_gguf(temporary, temporary / f"model.{config.gguf}.gguf", config.gguf, _tags(config.checkpoint))
+        dtype, parameters = _write_folder(config, temporary)  # the merged model is freed on its return
+        if config.gguf:  # read back from the folder's files, beside no model in memory
+            write_gguf(temporary, temporary / f"model.{config.gguf}.gguf", config.gguf,
+                       trained_schema(config.checkpoint).all())
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)  # nothing half-written is left that looks done
         raise
@@ -87,6 +71,27 @@ def main(argv: list[str] | None = None) -> Path:
     if config.check:
         console.print(_check_table(config, out))
     return out
+
+
+def _write_folder(config: ExportConfig, folder: Path) -> tuple[str, int]:
+    """Merge the checkpoint and save it with its tokenizer and the run's config to `folder`, once
+    the disk has room for it and the GGUF asked for. -> (its dtype, its number of weights)"""
+    model, tokenizer = merged_model(config.checkpoint, None if config.dtype == "auto" else DTYPES[config.dtype])
+    parameters = sum(p.numel() for p in model.parameters())
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    need += gguf_bytes(parameters, config.gguf) if config.gguf else 0
+    free = shutil.disk_usage(folder.parent).free
+    if need * 1.05 > free:  # checked before anything is written; 5% for the tokenizer and headers
+        raise NanoparError(f"not enough disk for the export: about {need / 2**30:.1f} GiB needed in {folder.parent}, "
+                           f"{free / 2**30:.1f} GiB free")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if (Path(config.checkpoint) / RUN_CONFIG).is_file():  # the run's tags, mode and prompt: nanopar's
+        shutil.copy(Path(config.checkpoint) / RUN_CONFIG, folder)  # sample.py / eval.py run it as trained
+    dtype = str(model.dtype).removeprefix("torch.")
+    write_json(folder / "nanopar_export.json", asdict(config) | {"base": base_of(Path(config.checkpoint)),
+                                                                  "dtype_written": dtype}, indent=2)
+    return dtype, parameters
 
 
 def _check_flags(config: ExportConfig) -> Path:
@@ -110,11 +115,6 @@ def _check_flags(config: ExportConfig) -> Path:
     return out
 
 
-def _tags(checkpoint: str) -> tuple[str, ...]:
-    """The tags of the schema the checkpoint was trained in."""
-    return schema_named(trained_with(checkpoint).get("schema", "parallel-r1")).all()
-
-
 def _check_table(config: ExportConfig, out: Path) -> Table:
     """How many greedy tokens each engine shares with nanopar's sampler on the checkpoint, per problem."""
     import importlib.util
@@ -125,7 +125,7 @@ def _check_table(config: ExportConfig, out: Path) -> Table:
 
     spec = config.check_problems or run_config(Path(config.checkpoint)).get("easy_data", "gsm8k")
     tokenizer = AutoTokenizer.from_pretrained(out)
-    prompts = check_prompts(config.checkpoint, tokenizer, load_problems(spec, limit=config.check_count))
+    prompts = check_prompts(config.checkpoint, tokenizer, load_problems(spec, limit=config.check_count), spec)
     reference = sampler_greedy(config.checkpoint, prompts, config.check_tokens)
     engines = {"transformers, folder": transformers_greedy(str(out), prompts, config.check_tokens)}
     gguf = f"model.{config.gguf}.gguf"

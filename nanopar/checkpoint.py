@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from .model import save_checkpoint_model
+from .tags import PARALLEL_R1, TagSchema, schema_named
 
 STATE = "trainer_state.pt"
+RUN_CONFIG = "run_config.json"  # the run's resolved config, saved with each checkpoint
 
 
 def copy_model_folder(source: str | Path, folder: Path, leave_out: str = "") -> None:
@@ -52,7 +54,7 @@ def save_checkpoint(folder: str | Path, model, tokenizer, optimizer=None, schedu
         },
         temporary / STATE,
     )
-    (temporary / "run_config.json").write_text(json.dumps(config or {}, indent=2) + "\n")
+    (temporary / RUN_CONFIG).write_text(json.dumps(config or {}, indent=2) + "\n")
     move_into_place(temporary, folder)
     return folder
 
@@ -74,11 +76,19 @@ def trained_with(model: str) -> dict:
     "mode", "path_stride", "instructions"} as far as it holds them ({} for any other model). The
     mode and the prompt are the stage's own (NPR's format RL is causal in a structured run, a
     baseline is prompted plainly in a parallel run), saved by the runner."""
-    config = Path(model) / "run_config.json"
-    if not model or not config.is_file():
-        return {}
-    saved = json.loads(config.read_text())
+    saved = run_config(model) if model else {}
     return {key: saved[key] for key in ("schema", "mode", "path_stride", "instructions") if key in saved}
+
+
+def trained_schema(model: str) -> TagSchema:
+    """The tag schema a nanopar checkpoint was trained in (Parallel-R1's for any other model)."""
+    return schema_named(trained_with(model).get("schema", PARALLEL_R1.name))
+
+
+def run_config(folder: str | Path) -> dict:
+    """The whole run_config.json a checkpoint was saved with ({} where there is none)."""
+    path = Path(folder) / RUN_CONFIG
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def latest_checkpoint(stage_folder: str | Path) -> Path | None:

@@ -19,22 +19,20 @@ import importlib.util
 import torch
 
 from . import NanoparError
-from .checkpoint import trained_with
+from .checkpoint import trained_schema, trained_with
 from .model import ModelSettings, load_model
 from .policy import Policy
 from .prompts import build_prompt, instructions_named, stop_ids
 from .sampler import SamplerSettings, sample
-from .tags import schema_named
 
 LLAMA_CPP_HINT = "pip install xllamacpp==2026.10.11549"
 
 
-def check_prompts(checkpoint: str, tokenizer, problems: list) -> list[list[int]]:
-    """`problems` as the checkpoint's stage prompted them: its instructions, the chat template."""
-    trained = trained_with(checkpoint)
-    schema = schema_named(trained.get("schema", "parallel-r1"))
-    source = problems[0].id.split(":")[0] + ":" if problems and ":" in problems[0].id else ""
-    instructions = instructions_named(trained.get("instructions", "none"), source, schema)
+def check_prompts(checkpoint: str, tokenizer, problems: list, data: str) -> list[list[int]]:
+    """`problems` (loaded from `data`) as the checkpoint's stage prompted them: its instructions,
+    worded as `data`'s source words them, in the chat template."""
+    instructions = instructions_named(trained_with(checkpoint).get("instructions", "none"), data,
+                                      trained_schema(checkpoint))
     return [build_prompt(p, tokenizer, instructions=instructions) for p in problems]
 
 
@@ -42,7 +40,7 @@ def sampler_greedy(checkpoint: str, prompts: list[list[int]], tokens: int) -> li
     """nanopar's sampler on the checkpoint, causal, greedy, one prompt a call: each response up to
     its first inserted token (a plain engine inserts none). Nothing else steers it: no block cap,
     no path budget below `tokens`."""
-    schema = schema_named(trained_with(checkpoint).get("schema", "parallel-r1"))
+    schema = trained_schema(checkpoint)
     model, tokenizer = load_model(ModelSettings(checkpoint, dtype="float32", device="cpu"), schema)
     policy = Policy.for_tokenizer(tokenizer, "causal", 0.0, 0, schema)
     settings = SamplerSettings(max_new_tokens=tokens, max_path_tokens=tokens, max_blocks=tokens, seed=0)

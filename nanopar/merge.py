@@ -25,11 +25,10 @@ from pathlib import Path
 import torch
 
 from . import NanoparError
-from .checkpoint import trained_with
+from .checkpoint import RUN_CONFIG, run_config, trained_schema
 from .model import DTYPES, ModelSettings, is_built, load_model, loadable_name
-from .tags import TagIds, schema_named
+from .tags import TagIds
 
-RUN_CONFIG = "run_config.json"  # what a nanopar checkpoint says of its run (checkpoint.py)
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: the LoRA settings and the base's name
 
 
@@ -46,12 +45,6 @@ def check_checkpoint(folder: str | Path) -> Path:
     return folder
 
 
-def run_config(folder: Path) -> dict:
-    """The checkpoint's run_config.json ({} for an adapter saved without one)."""
-    path = Path(folder) / RUN_CONFIG
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def base_of(folder: Path) -> str:
     """The name of the model a checkpoint's adapter was trained over ("" for a full model)."""
     if not (folder / ADAPTER_CONFIG).is_file():
@@ -59,16 +52,16 @@ def base_of(folder: Path) -> str:
     return json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
 
 
-def stored_dtype(folder: Path) -> torch.dtype:
-    """The dtype the checkpoint's weights came in: its base's (as its config.json says; float32
-    for a built model or a converted GGUF), or a full model's own."""
-    name = base_of(folder) or str(folder)
+def stored_dtype(folder: Path, found: str) -> torch.dtype:
+    """The dtype the checkpoint's weights came in: its base's (`found`, as `from_pretrained` reads
+    it; float32 for a built model or a converted GGUF), or a full model's own."""
+    name = found or str(folder)
     if is_built(name):
         return torch.float32
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(_base_found(folder, name))
+        config = AutoConfig.from_pretrained(name)
     except OSError as error:  # transformers' way of saying: no such folder, repo or connection
         raise NanoparError(f"checkpoint {str(folder)!r} was trained over {name!r}, which cannot be found here "
                            f"({str(error).strip().splitlines()[0][:160]})") from None
@@ -80,17 +73,15 @@ def merged_model(folder: str | Path, dtype: torch.dtype | None = None):
     """(model, tokenizer): the checkpoint at `folder` as one plain model in `dtype` (None: as its
     weights came, `stored_dtype`), on the CPU, in eval mode. The merge itself runs in float32."""
     folder = check_checkpoint(folder)
-    trained = trained_with(str(folder))
-    schema = schema_named(trained.get("schema", "parallel-r1"))
+    schema = trained_schema(str(folder))
     four_bit = run_config(folder).get("load_in_4bit", False)
     base = base_of(folder)
-    if base and not is_built(base):
-        _base_found(folder, base)  # before anything loads: one line naming the checkpoint
-    dtype = dtype or stored_dtype(folder)
+    found = _base_found(folder, base) if base and not is_built(base) else base  # before anything loads
+    dtype = dtype or stored_dtype(folder, found)
     if not base:  # a full model: the tags are in it already
         model, tokenizer = load_model(ModelSettings(str(folder), dtype="float32", device="cpu"), schema)
         return _policy_vocabulary(model, tokenizer).to(dtype).eval(), tokenizer
-    model, base_tokenizer = load_model(ModelSettings(base, dtype="float32", device="cpu", load_in_4bit=four_bit), schema)
+    model, base_tokenizer = load_model(ModelSettings(found, dtype="float32", device="cpu", load_in_4bit=four_bit), schema)
     if four_bit:  # NF4 -> float32, the very values the 4-bit layers computed with
         model = model.dequantize(dtype=torch.float32)
     from peft import PeftModel

@@ -321,6 +321,35 @@ def test_llama_cpp_reads_and_prints_the_tags_as_text(qwen_vocab_export):
     assert reply["choices"][0]["text"] == "<Parallel><Parallel>"
 
 
+def test_the_merged_model_is_freed_before_the_gguf_is_written(qwen_vocab_export, tmp_path, monkeypatch):
+    """With the collector off, the merged model is gone (its last reference dropped, no cycle
+    holding it) when the GGUF writer starts: the writer's copies of the weights never sit beside
+    a whole model in memory."""
+    import gc
+    import weakref
+
+    checkpoint, _, _ = qwen_vocab_export
+    merged, written = [], []
+
+    def tracked_merge(*args, **kwargs):
+        model, tokenizer = merged_model(*args, **kwargs)
+        merged.append(weakref.ref(model))
+        return model, tokenizer
+
+    def writer_after_the_model(*args, **kwargs):
+        written.append(merged[0]() is None)
+        return write_gguf(*args, **kwargs)
+
+    monkeypatch.setattr(export, "merged_model", tracked_merge)
+    monkeypatch.setattr(export, "write_gguf", writer_after_the_model)
+    gc.disable()
+    try:
+        export.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"), "--gguf", "f16"])
+    finally:
+        gc.enable()
+    assert written == [True] and (tmp_path / "out" / "model.f16.gguf").is_file()
+
+
 def test_the_gguf_check_compares_tokens_through_transformers(qwen_vocab_export):
     """The folder and its f32 GGUF under plain transformers decode the sampler's tokens."""
     checkpoint, out, tokenizer = qwen_vocab_export
