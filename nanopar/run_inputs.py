@@ -4,7 +4,7 @@
       .problems("toy:easy")       a training set, less what an evaluation set holds out of it
       .traces(stage)              SFT traces: a distill stage's traces.jsonl or a data spec
       .check_traces(stage)        a data spec's traces, checked: present, and parallel where they must be
-      .sft_examples(stage, tok)   (prompt ids, response ids + EOS) pairs
+      .sft_example(record, stage, tok)  a trace as (prompt ids, response ids + EOS)
       .prompt(problem, tok, stage)  the prompt ids, with the stage's instructions
       .eval_sets() / .eval_problems(spec)   the resolved --eval-data and its first N problems
       .batch_of_step(items, n, stage, step)  what step `step` trains on (seeded, resumable)
@@ -93,16 +93,15 @@ class RunInputs:
                     f"in the {self.schema.name} schema; the other {len(failed)} train as they are written")
         return None
 
-    def sft_examples(self, stage: Stage, tokenizer) -> list[tuple[list[int], list[int]]]:
-        """The traces as (prompt ids, response ids + EOS) pairs; a record that names its own
-        "instructions" (the toy's instruction-following traces) is prompted with them. In
-        structured mode a response is first written as the sampler writes it (`TagSchema.as_sampled`:
-        the tags it inserts back to back), so the model learns what it will be fed."""
-        eos = tokenizer.eos_token_id
-        return [(self.prompt(Problem(str(r.get("id", "")), r["question"], r.get("answer", "")), tokenizer, stage,
-                             r.get("instructions")),
-                 tokenizer.encode(self.as_trained(r["response"], stage), add_special_tokens=False) + [eos])
-                for r in self.traces(stage)]
+    def sft_example(self, record: dict, stage: Stage, tokenizer) -> tuple[list[int], list[int]]:
+        """A trace as (prompt ids, response ids + EOS); a record that names its own "instructions"
+        (the toy's instruction-following traces) is prompted with them. In structured mode the
+        response is first written as the sampler writes it (`TagSchema.as_sampled`: the tags it
+        inserts back to back), so the model learns what it will be fed. Tokenized when a step takes
+        it: a short run reads a few of thousands."""
+        problem = Problem(str(record.get("id", "")), record["question"], record.get("answer", ""))
+        response = tokenizer.encode(self.as_trained(record["response"], stage), add_special_tokens=False)
+        return self.prompt(problem, tokenizer, stage, record.get("instructions")), response + [tokenizer.eos_token_id]
 
     def as_trained(self, response: str, stage: Stage) -> str:
         """A trace's response as a stage trains on it (and reads a held-out one): as the sampler

@@ -53,10 +53,11 @@ class StageSteps:
     def sft(self, stage: Stage, model, tokenizer, policy, optimizer, scheduler, scaler) -> Callable[[int], dict]:
         """step -> its metrics: `sft.sft_step` on the step's --sft-batch traces (under torchrun
         this process's share of them)."""
-        config, examples = self.config, self.inputs.sft_examples(stage, tokenizer)  # (prompt ids, response ids)
+        config, inputs, records = self.config, self.inputs, self.inputs.traces(stage)
 
         def one_step(step: int) -> dict:
-            batch = distributed.share(self.inputs.batch_of_step(examples, config.sft_batch, stage, step))
+            picked = distributed.share(inputs.batch_of_step(records, config.sft_batch, stage, step))
+            batch = [inputs.sft_example(record, stage, tokenizer) for record in picked]  # (prompt ids, response ids)
             started = time.perf_counter()
             metrics = sft_step(model, optimizer, [p for p, _ in batch], [r for _, r in batch], policy,
                                tokenizer.pad_token_id or 0, config.micro_batch, config.max_grad_norm,

@@ -85,8 +85,8 @@ def test_a_structured_cold_start_trains_the_tags_as_the_sampler_writes_them(tmp_
     ids = {tag: qwen_tokenizer.convert_tokens_to_ids(tag) for tag in LETTER}
     follows = {ids["<Parallel>"]: {ids["<Path>"]}, ids["</Parallel>"]: {ids["<Summary>"]},
                ids["</Path>"]: {ids["<Path>"], ids["</Parallel>"]}}
-    examples = inputs.sft_examples(stages[0], qwen_tokenizer)
     records = inputs.traces(stages[0])
+    examples = [inputs.sft_example(r, stages[0], qwen_tokenizer) for r in records]
     assert stages[0].mode == "structured" and len(examples) == len(records) == 300
     gap = re.compile(r"(?:<Parallel>|</Path>|</Parallel>)(.*?)(?=<Path>|</Parallel>|<Summary>)", re.S)
     spaced = [not any(g.strip() for g in gap.findall(r["response"])) for r in records]

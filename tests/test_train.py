@@ -600,7 +600,7 @@ def test_the_toy_base_learns_to_follow_the_parallel_instructions_from_some_of_it
     pretrain = runner.stages[0]
     assert pretrain.traces == "toy:instruct"  # --pretrain-data auto: NPR starts from an instruct model
     tokenizer = load_model(ModelSettings("toy:model"))[1]
-    examples = runner.inputs.sft_examples(pretrain, tokenizer)
+    examples = [runner.inputs.sft_example(r, pretrain, tokenizer) for r in runner.inputs.traces(pretrain)]
     marked = [tokenizer.decode(p) for p, _ in examples if tokenizer.decode(p).startswith("in parallel")]
     assert len(marked) == len(instructed)
 

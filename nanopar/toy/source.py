@@ -131,9 +131,16 @@ def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, se
     """`n` teacher traces as SFT records (question, answer, response) for a name of TEACHER_MIXES;
     an "instructed" record also names its prompt's instructions ("parallel"). The parallel and
     instructed traces are written in `schema`'s tags (`npr_trace` for a schema with plans, else
-    `parallel_trace`); the sequential ones have no tags and do not depend on it."""
+    `parallel_trace`); the sequential ones have no tags and do not depend on it. Fresh records each
+    call, from one generation per process (a run reads its traces more than once)."""
     if spec not in TEACHER_MIXES:
         raise NanoparError(f"unknown toy traces {spec!r}: use one of {', '.join(TEACHER_MIXES)}")
+    return [dict(record) for record in _generated_traces(spec, schema, n, seed)]
+
+
+@functools.lru_cache(maxsize=8)
+def _generated_traces(spec: str, schema: TagSchema, n: int, seed: int) -> tuple[dict, ...]:
+    """`teacher_traces`' records, generated once per process for each set of arguments."""
     rng, records = random.Random(seed), []
     parallel = npr_trace if schema.planned else parallel_trace
     write = {"sequential": lambda p: sequential_trace(p, rng),
@@ -146,7 +153,7 @@ def teacher_traces(spec: str, schema: TagSchema = PARALLEL_R1, n: int = 4000, se
             records.append({"id": problem.id, "question": problem.question, "answer": problem.answer,
                             "response": response} | ({"instructions": "parallel"} if kind == "instructed" else {}))
     rng.shuffle(records)
-    return records
+    return tuple(records)
 
 
 # The base of each recipe, pretrained by that recipe's own pretrain stage at train.py's defaults and
