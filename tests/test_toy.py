@@ -613,12 +613,15 @@ def test_teacher_traces_in_npr_tags_have_the_mix_shares():
 
 
 def test_parallel_r1_teacher_traces_are_pinned():
-    """The Parallel-R1 traces of every mix are byte for byte the pinned ones."""
+    """The Parallel-R1 traces of every mix are byte for byte the pinned ones; generated once per
+    process, each call gets records of its own to change."""
     for name in TEACHER_MIXES:
         records = teacher_traces(name)
         digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
         assert digest == PARALLEL_R1_TRACES[name], name
-        assert teacher_traces(name, PARALLEL_R1) == records
+        records[0]["response"], records[1] = "changed", {}
+        again = teacher_traces(name, PARALLEL_R1)
+        assert hashlib.sha256(json.dumps(again, sort_keys=True).encode()).hexdigest() == PARALLEL_R1_TRACES[name]
 
 
 # --------------------------------------------------------------------------- tokenizer and model
