@@ -243,9 +243,9 @@ def _grow_embeddings(model, n_tokens: int) -> None:
     padded to a multiple of 64; every new row starts at the mean of the old rows (a bias at 0).
     The modules stay the model's own (Gemma's scaled embedding stays scaled), each given a larger
     matrix. transformers' `resize_token_embeddings` does the same work after filling each new
-    matrix at random, two passes over [V, d] that took 4.5 s of an 8 s load of the real Qwen on a
-    CPU; the rows it drew were overwritten here anyway, so that a reload, which grows again, gets
-    the same rows without the adapter having to store the matrix."""
+    matrix at random: two passes over [V, d], more than half of a warm load of the real Qwen on a
+    CPU (docs/measurements.md). Those rows were overwritten here anyway, so that a reload, which
+    grows again, gets the same rows without the adapter having to store the matrix."""
     import torch
 
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()

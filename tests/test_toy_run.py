@@ -6,7 +6,7 @@ steps beats that of the first ones by MARGIN, and (2) leave a final checkpoint t
 like any model folder. The RL reward here is `format` (Algorithm 1): 20 SFT steps leave most
 parallel blocks malformed, so there is a signal for GRPO to climb within seconds (measured: the
 policy learns to drop the malformed blocks, the collapse to sequential answers Parallel-R1 guards
-against with its parallel reward); accuracy needs the minutes of the real run. ~50 s on 2 cores.
+against with its parallel reward); accuracy needs the minutes of the real run.
 """
 
 from statistics import fmean
