@@ -239,41 +239,15 @@ def _embedding_matrices(model) -> list:
 
 
 def _grow_embeddings(model, n_tokens: int) -> None:
-    """Grow the embedding (and an untied output matrix, with its bias) to hold `n_tokens` rows,
-    padded to a multiple of 64; every new row starts at the mean of the old rows (a bias at 0).
-    The modules stay the model's own (Gemma's scaled embedding stays scaled), each given a larger
-    matrix. transformers' `resize_token_embeddings` does the same work after filling each new
-    matrix at random: two passes over [V, d], more than half of a warm load of the real Qwen on a
-    CPU (docs/measurements.md). Those rows were overwritten here anyway, so that a reload, which
-    grows again, gets the same rows without the adapter having to store the matrix."""
+    """Resize the embedding(s) to hold `n_tokens` rows (padded to 64); new rows = mean old row."""
     import torch
 
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    old_rows = embedding.weight.shape[0]
+    old_rows = model.get_input_embeddings().weight.shape[0]
     if old_rows >= n_tokens:
         return
-    rows = -(-n_tokens // 64) * 64
-    tied = head is not None and head.weight is embedding.weight
+    # transformers fills the new rows at random (either way); we overwrite them so a reload,
+    # which resizes again, gets the same rows without the adapter having to store the matrix.
+    model.resize_token_embeddings(n_tokens, pad_to_multiple_of=64, mean_resizing=False)
     with torch.no_grad():
-        embedding.weight = _grown(embedding.weight, rows, fill=embedding.weight.mean(dim=0))
-        embedding.num_embeddings = rows
-        if head is not None and tied:
-            head.weight = embedding.weight
-        elif head is not None:
-            head.weight = _grown(head.weight, rows, fill=head.weight.mean(dim=0))
-            if head.bias is not None:
-                head.bias = _grown(head.bias, rows, fill=0.0)
-        if head is not None:
-            head.out_features = rows
-    model.config.get_text_config().vocab_size = rows
-    model.vocab_size = rows
-
-
-def _grown(old, rows: int, fill):
-    """`old` [V_old, ...] as a parameter of `rows` rows: its own rows, then `fill` in each new one."""
-    import torch
-
-    grown = torch.empty((rows, *old.shape[1:]), dtype=old.dtype, device=old.device)  # [V, ...]
-    grown[:old.shape[0]] = old
-    grown[old.shape[0]:] = fill
-    return torch.nn.Parameter(grown, requires_grad=old.requires_grad)
+        for weight in _embedding_matrices(model):
+            weight[old_rows:] = weight[:old_rows].mean(dim=0)  # [V_new - V_old, d]

@@ -21,7 +21,6 @@ from conftest import offline_qwen_tokenizer, offline_qwen_tokenizer_folder, pert
 from nanopar import NanoparError
 from nanopar import model as nm
 from nanopar.model import ModelSettings, apply_lora, load_model, save_checkpoint_model
-from nanopar import tags as tags_module
 from nanopar.tags import PARALLEL_R1, TagIds, add_tag_tokens
 from nanopar.tiny import tiny_qwen_model
 
@@ -144,37 +143,6 @@ def test_add_tag_tokens_resizes_and_starts_tag_rows_at_their_pieces_mean(tied):
     before = model.get_input_embeddings().weight.detach().clone()
     assert add_tag_tokens(tokenizer, model) == tag_ids
     assert torch.equal(model.get_input_embeddings().weight, before)
-
-
-def tiny_gemma3():
-    """A one-layer Gemma-3 text model: a scaled embedding (x sqrt(d)), tied to the head."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    return Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=22, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                              num_attention_heads=2, num_key_value_heads=1, head_dim=16)).eval()
-
-
-@pytest.mark.parametrize("make", [lambda: tiny_qwen_model(vocab_size=len(WORDS), tie_word_embeddings=True),
-                                  lambda: tiny_qwen_model(vocab_size=len(WORDS), tie_word_embeddings=False), tiny_gemma3],
-                         ids=["qwen3-tied", "qwen3-untied", "gemma3-scaled"])
-def test_grown_embeddings_give_the_logits_of_transformers_resize(make):
-    """add_tag_tokens grows the matrices by hand: the model computes what transformers'
-    `resize_token_embeddings` (then the same rows written in) computes, keeps its own embedding
-    module (Gemma's scales its rows), its tie and its sizes."""
-    ours, reference = make(), make()
-    kind = type(ours.get_input_embeddings())
-    tag_ids = add_tag_tokens(word_tokenizer(), ours)  # 28 tokens: 64 rows
-    reference.resize_token_embeddings(64, pad_to_multiple_of=64, mean_resizing=False)
-    with torch.no_grad():
-        for mine, theirs in zip(tags_module._embedding_matrices(ours), tags_module._embedding_matrices(reference)):
-            theirs[22:] = mine[22:]  # the rows transformers drew at random, written as nanopar starts them
-    ids = torch.tensor([[0, 5, *tag_ids.all(), 9]])
-    assert torch.equal(ours(ids).logits, reference(ids).logits) and ours(ids).logits.shape[-1] == 64
-    assert type(ours.get_input_embeddings()) is kind and ours.get_input_embeddings().num_embeddings == 64
-    tied = reference.get_output_embeddings().weight is reference.get_input_embeddings().weight
-    assert (ours.get_output_embeddings().weight is ours.get_input_embeddings().weight) == tied
-    assert ours.get_output_embeddings().out_features == ours.config.vocab_size == 64
 
 
 @pytest.mark.parametrize("tied", [True, False])
