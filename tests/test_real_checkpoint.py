@@ -621,10 +621,11 @@ def test_a_short_cold_start_on_parallel_gsm8k_raises_the_heldout_log_prob_and_te
 def test_two_cold_start_steps_raise_the_qwens_heldout_log_prob(real):
     """The cold start of `train.py --preset qwen` in miniature on the real Qwen (float32, so that
     every CPU computes the same): LoRA + tag rows at its rate (5e-4, tag rows 10x), Qwen's one-line
-    answer prompt, 2 steps of 2 of Parallel-GSM8K's shortest training traces, cut to their first
-    TRACE_TOKENS tokens (the cost is the tokens, the signal their first lines). The mean
-    log-probability per token of the held-out slice's 3 shortest traces, cut the same way and read
-    as SFT reads them, rises; read again on the model as shipped (the adapter off), it is unchanged."""
+    answer prompt, 2 steps of 2 of Parallel-GSM8K's training traces whose first block closes
+    soonest, cut to their first TRACE_TOKENS tokens (the cost is the tokens, the signal their first
+    lines and a whole block). The mean log-probability per token of the held-out slice's 3 traces
+    chosen and cut the same way, read as SFT reads them, rises; read again on the model as shipped
+    (the adapter off), it is unchanged."""
     from nanopar.data import load_traces
     from nanopar.prompts import instructions_named
     from nanopar.sft import response_loglikelihood, sft_step
@@ -637,10 +638,10 @@ def test_two_cold_start_steps_raise_the_qwens_heldout_log_prob(real):
                 [tokenizer.encode(PARALLEL_R1.as_sampled(r["response"]), add_special_tokens=False)[:TRACE_TOKENS]
                  for r in records])
 
-    shortest = lambda records, n: sorted((r for r in records if "<Parallel>" in r["response"]),
-                                         key=lambda r: len(r["response"]))[:n]  # parallel ones (3 are sequential)
-    train_prompts, train_responses = examples(shortest(load_traces("parallel-gsm8k"), 4))
-    held_prompts, held_responses = examples(shortest(load_traces("parallel-gsm8k:heldout"), 3))
+    soonest = lambda records, n: sorted((r for r in records if "<Parallel>" in r["response"]),  # 3 are sequential
+                                        key=lambda r: r["response"].index("</Parallel>"))[:n]
+    train_prompts, train_responses = examples(soonest(load_traces("parallel-gsm8k"), 4))
+    held_prompts, held_responses = examples(soonest(load_traces("parallel-gsm8k:heldout"), 3))
     assert all(sum(t in ids for t in policy.tag_ids.all()) >= 4 for ids in train_responses)  # the premise: tags in the cut
     read = lambda: response_loglikelihood(model, held_prompts, held_responses, policy, tokenizer.pad_token_id)
     before = read()
@@ -656,5 +657,5 @@ def test_two_cold_start_steps_raise_the_qwens_heldout_log_prob(real):
     assert after > before and abs(shipped - before) < 1e-4
 
 
-TRACE_TOKENS = 192  # of each trace in the Qwen's 2-step cold start
+TRACE_TOKENS = 128  # of each trace in the Qwen's 2-step cold start: each training trace chosen holds a whole block in it
 
