@@ -211,17 +211,24 @@ def small_qwen_tokenizer(folder: Path, size: int = 4096):
     return AutoTokenizer.from_pretrained(folder)
 
 
-def tiny_qwen_gguf(folder: Path) -> Path:
-    """A tiny Qwen2 (d = 64) under `small_qwen_tokenizer`, saved in folder/model and written by
-    nanopar's GGUF writer in float32, no tags. -> folder/tiny-qwen2.f32.gguf"""
-    from nanopar.gguf_writer import write_gguf
+def small_qwen_folder(folder: Path, seed: int, **config) -> Path:
+    """A tiny Qwen2 (d = 64; `config` more of its settings) under `small_qwen_tokenizer`, saved
+    with it as a model folder. -> folder/model"""
     from nanopar.tiny import tiny_qwen_model
 
     tokenizer = small_qwen_tokenizer(Path(folder) / "tokenizer")
-    model = tiny_qwen_model(arch="qwen2", vocab_size=len(tokenizer), hidden_size=64, seed=5)
+    model = tiny_qwen_model(arch="qwen2", vocab_size=len(tokenizer), hidden_size=64, seed=seed, **config)
     model.save_pretrained(Path(folder) / "model")
     tokenizer.save_pretrained(Path(folder) / "model")
-    return write_gguf(Path(folder) / "model", Path(folder) / "tiny-qwen2.f32.gguf", "f32", ())
+    return Path(folder) / "model"
+
+
+def tiny_qwen_gguf(folder: Path) -> Path:
+    """`small_qwen_folder` written by nanopar's GGUF writer in float32, no tags.
+    -> folder/tiny-qwen2.f32.gguf"""
+    from nanopar.gguf_writer import write_gguf
+
+    return write_gguf(small_qwen_folder(folder, seed=5), Path(folder) / "tiny-qwen2.f32.gguf", "f32", ())
 
 
 @pytest.fixture(scope="session")

@@ -173,8 +173,8 @@ def test_dtype_both_take_a_cold_start_step_of_the_same_loss():
 
 
 def test_gguf_convert_one_reader_writes_what_three_write(tmp_path):
-    """On a tiny Qwen2 under Qwen's tokenizer cut to 4,096 ids (its quick size, SmolLM2's 98 MB GGUF, took 48 s
-    here for the same check; the real files' conversions are tests/test_real_checkpoint.py's)."""
+    """On a tiny Qwen2 under Qwen's tokenizer cut to 4,096 ids, not the race's quick size (SmolLM2's 98 MB GGUF,
+    a minute of the suite for the same check); the real files' conversions are tests/test_real_checkpoint.py's."""
     contest = races.gguf_convert(QUICK, gguf=str(tiny_qwen_gguf(tmp_path)))
     ours, theirs = contest.library(), contest.plain()
     names = sorted(p.name for p in ours.iterdir())

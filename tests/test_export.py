@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import export
-from conftest import offline_qwen_tokenizer, perturb_trainable, small_qwen_tokenizer
+from conftest import offline_qwen_tokenizer, perturb_trainable, small_qwen_folder, small_qwen_tokenizer
 from nanopar import NanoparError
 from nanopar.checkpoint import save_checkpoint, trained_with
 from nanopar.export_check import agreement, llama_cpp_greedy, logit_gap, sampler_greedy, transformers_greedy
@@ -204,8 +204,6 @@ def test_a_failed_write_leaves_the_old_export_whole(toy, tmp_path, monkeypatch):
 # ---------------------------------------------------------------- GGUF: a tiny Qwen2 with the real Qwen tokenizer
 
 
-
-
 def test_the_small_qwen_tokenizer_reads_as_qwens(tmp_path):
     """The cut tokenizer splits text as the full one wherever the full one's pieces are in it."""
     full, small = offline_qwen_tokenizer(), small_qwen_tokenizer(tmp_path / "small")
@@ -222,11 +220,8 @@ def qwen_vocab_export(tmp_path_factory):
     """A tiny Qwen2 (d = 64, untied head) under Qwen's tokenizer (its first 4,096 ids), a moved
     adapter, exported with a float32 GGUF and a q8_0 one."""
     where = tmp_path_factory.mktemp("qwen_vocab")
-    tokenizer = small_qwen_tokenizer(where / "tokenizer")
-    model = tiny_qwen_model(arch="qwen2", vocab_size=len(tokenizer), hidden_size=64, tie_word_embeddings=False, seed=3)
-    model.save_pretrained(where / "base")
-    tokenizer.save_pretrained(where / "base")
-    checkpoint = trained_checkpoint(where / "final", str(where / "base"), seed=1)
+    base = small_qwen_folder(where, seed=3, tie_word_embeddings=False)
+    checkpoint = trained_checkpoint(where / "final", str(base), seed=1)
     export.main(["--checkpoint", str(checkpoint), "--out", str(where / "out"), "--gguf", "f32"])
     for kind in ("f16", "bf16", "q8_0"):
         write_gguf(where / "out", where / "out" / f"model.{kind}.gguf", kind, PARALLEL_R1.all())

@@ -615,13 +615,12 @@ def test_teacher_traces_in_npr_tags_have_the_mix_shares():
 def test_parallel_r1_teacher_traces_are_pinned():
     """The Parallel-R1 traces of every mix are byte for byte the pinned ones; generated once per
     process, each call gets records of its own to change."""
+    digest = lambda records: hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
     for name in TEACHER_MIXES:
         records = teacher_traces(name)
-        digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
-        assert digest == PARALLEL_R1_TRACES[name], name
+        assert digest(records) == PARALLEL_R1_TRACES[name], name
         records[0]["response"], records[1] = "changed", {}
-        again = teacher_traces(name, PARALLEL_R1)
-        assert hashlib.sha256(json.dumps(again, sort_keys=True).encode()).hexdigest() == PARALLEL_R1_TRACES[name]
+        assert digest(teacher_traces(name, PARALLEL_R1)) == PARALLEL_R1_TRACES[name], name
 
 
 # --------------------------------------------------------------------------- tokenizer and model
